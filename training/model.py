@@ -1,0 +1,457 @@
+"""The BERT encoder and the five fine-tuning shapes of the paper, in PyTorch.
+
+Parameter names follow Hugging Face's `modeling_bert` exactly, so checkpoints move between the two
+with no renaming (see training/checkpoint.py).
+
+Shape letters: B batch, T sequence length, H hidden size, A attention heads, D = H / A head size,
+V vocabulary size, C number of labels or choices.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from training.config import BertConfig
+
+ACTIVATIONS = {
+    "gelu": lambda x: F.gelu(x),  # exact erf form, as BERT uses
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+}
+
+# "sdpa": torch's fused scaled_dot_product_attention (fast for training and eager inference).
+# "eager": the explicit softmax(QK^T / sqrt(D) + mask) V graph, which ONNX Runtime's offline
+# optimizer recognizes and fuses into its Attention operator; export switches to it.
+ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
+
+
+def _activation(name: str):
+    if name not in ACTIVATIONS:
+        raise ValueError(f"unsupported hidden_act {name!r}; supported: {sorted(ACTIVATIONS)}")
+    return ACTIVATIONS[name]
+
+
+class BertEmbeddings(nn.Module):
+    """token + position + segment embeddings, then LayerNorm and dropout."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        positions = torch.arange(config.max_position_embeddings).unsqueeze(0)
+        self.register_buffer("position_ids", positions, persistent=False)  # (1, max_positions)
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor) -> Tensor:
+        T = input_ids.shape[1]
+        x = self.word_embeddings(input_ids)  # (B, T, H)
+        x = x + self.token_type_embeddings(token_type_ids)
+        x = x + self.position_embeddings(self.position_ids[:, :T])  # (1, T, H) broadcast
+        return self.dropout(self.LayerNorm(x))
+
+
+class BertSelfAttention(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.head_size = config.hidden_size // config.num_attention_heads
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout_prob = config.attention_probs_dropout_prob
+        self.implementation = "sdpa"
+
+    def _heads(self, x: Tensor) -> Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, self.num_heads, self.head_size).transpose(1, 2)  # (B, A, T, D)
+
+    def forward(self, hidden: Tensor, additive_mask: Tensor) -> Tensor:
+        """hidden (B, T, H); additive_mask (B, 1, 1, T): 0 where attended, a large negative at padding."""
+        B, T, H = hidden.shape
+        q, k, v = self._heads(self.query(hidden)), self._heads(self.key(hidden)), self._heads(self.value(hidden))
+        dropout = self.dropout_prob if self.training else 0.0
+        if self.implementation == "sdpa":
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=additive_mask, dropout_p=dropout)
+        else:
+            scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_size)  # (B, A, T, T)
+            probs = F.dropout(torch.softmax(scores + additive_mask, dim=-1), p=dropout, training=self.training)
+            context = torch.matmul(probs, v)  # (B, A, T, D)
+        return context.transpose(1, 2).reshape(B, T, H)
+
+
+class BertSelfOutput(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden: Tensor, residual: Tensor) -> Tensor:
+        return self.LayerNorm(self.dropout(self.dense(hidden)) + residual)  # post-LayerNorm
+
+
+class BertAttention(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.self = BertSelfAttention(config)
+        self.output = BertSelfOutput(config)
+
+    def forward(self, hidden: Tensor, additive_mask: Tensor) -> Tensor:
+        return self.output(self.self(hidden, additive_mask), hidden)
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.act = _activation(config.hidden_act)
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        return self.act(self.dense(hidden))  # (B, T, 4H)
+
+
+class BertOutput(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden: Tensor, residual: Tensor) -> Tensor:
+        return self.LayerNorm(self.dropout(self.dense(hidden)) + residual)
+
+
+class BertLayer(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.attention = BertAttention(config)
+        self.intermediate = BertIntermediate(config)
+        self.output = BertOutput(config)
+
+    def forward(self, hidden: Tensor, additive_mask: Tensor) -> Tensor:
+        attended = self.attention(hidden, additive_mask)
+        return self.output(self.intermediate(attended), attended)
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+
+    def forward(self, hidden: Tensor, additive_mask: Tensor) -> Tensor:
+        for layer in self.layer:
+            hidden = layer(hidden, additive_mask)
+        return hidden
+
+
+class BertPooler(nn.Module):
+    """tanh(W h_[CLS] + b): the sentence representation the NSP and sentence-level heads read."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.activation = nn.Tanh()
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        return self.activation(self.dense(hidden[:, 0]))  # (B, H)
+
+
+class BertPreTrainedModel(nn.Module):
+    """Shared initialization and the attention switch for every BERT model here."""
+
+    config: BertConfig
+
+    def init_weights(self) -> None:
+        std = self.config.initializer_range
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, std=std)
+                if module.padding_idx is not None:
+                    with torch.no_grad():
+                        module.weight[module.padding_idx].zero_()
+            elif isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+        for name, param in self.named_parameters():
+            if name.endswith("predictions.bias"):
+                nn.init.zeros_(param)
+
+    def set_attention_implementation(self, name: str) -> None:
+        if name not in ATTENTION_IMPLEMENTATIONS:
+            raise ValueError(f"attention implementation must be one of {ATTENTION_IMPLEMENTATIONS}")
+        for module in self.modules():
+            if isinstance(module, BertSelfAttention):
+                module.implementation = name
+
+    def _encode(self, input_ids, attention_mask, token_type_ids) -> tuple[Tensor, Tensor | None]:
+        bert: BertModel = self if isinstance(self, BertModel) else self.bert
+        out = bert(input_ids, attention_mask, token_type_ids)
+        return out["last_hidden_state"], out.get("pooler_output")
+
+
+class BertModel(BertPreTrainedModel):
+    """The encoder: embeddings, L Transformer blocks and (optionally) the pooler."""
+
+    def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
+        super().__init__()
+        self.config = config
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = BertEncoder(config)
+        self.pooler = BertPooler(config) if add_pooling_layer else None
+        self.init_weights()
+
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None
+    ) -> dict[str, Tensor]:
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        hidden = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
+        # (B, 1, 1, T): 0 for real tokens, the dtype's most negative value for padding.
+        additive_mask = (1.0 - attention_mask[:, None, None, :].to(hidden.dtype)) * torch.finfo(hidden.dtype).min
+        hidden = self.encoder(hidden, additive_mask)
+        out = {"last_hidden_state": hidden}
+        if self.pooler is not None:
+            out["pooler_output"] = self.pooler(hidden)
+        return out
+
+
+class BertPredictionHeadTransform(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.transform_act_fn = _activation(config.hidden_act)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        return self.LayerNorm(self.transform_act_fn(self.dense(hidden)))
+
+
+class BertLMPredictionHead(nn.Module):
+    """Transform + LayerNorm, then a decoder tied to the word embeddings, with its own bias."""
+
+    def __init__(self, config: BertConfig, word_embeddings: nn.Embedding):
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(config)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.decoder.weight = word_embeddings.weight  # tied
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        return self.decoder(self.transform(hidden)) + self.bias  # (..., V)
+
+
+class BertPreTrainingHeads(nn.Module):
+    def __init__(self, config: BertConfig, word_embeddings: nn.Embedding):
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config, word_embeddings)
+        self.seq_relationship = nn.Linear(config.hidden_size, 2)
+
+
+class BertOnlyMLMHead(nn.Module):
+    def __init__(self, config: BertConfig, word_embeddings: nn.Embedding):
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config, word_embeddings)
+
+
+def _masked_lm(predictions: BertLMPredictionHead, hidden: Tensor, labels: Tensor | None) -> dict[str, Tensor]:
+    """MLM logits; with labels, the loss and accuracy over the chosen positions only.
+
+    With labels the decoder runs only on the chosen positions (about 15%): the (B, T, V) product is
+    the largest matrix in pretraining, and skipping the unchosen rows saves most of it.
+    """
+    if labels is None:
+        return {"prediction_logits": predictions(hidden)}
+    chosen = labels != -100  # (B, T)
+    logits = predictions(hidden[chosen])  # (N, V)
+    targets = labels[chosen]
+    if targets.numel() == 0:
+        zero = hidden.sum() * 0.0
+        return {"mlm_loss": zero, "mlm_accuracy": zero.detach()}
+    loss = F.cross_entropy(logits.float(), targets)
+    accuracy = (logits.argmax(-1) == targets).float().mean()
+    return {"mlm_loss": loss, "mlm_accuracy": accuracy.detach()}
+
+
+class BertForPreTraining(BertPreTrainedModel):
+    """Masked LM + next-sentence prediction, the paper's pretraining objective."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config)
+        self.cls = BertPreTrainingHeads(config, self.bert.embeddings.word_embeddings)
+        self.init_weights()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None, next_sentence_label=None):
+        hidden, pooled = self._encode(input_ids, attention_mask, token_type_ids)
+        out = _masked_lm(self.cls.predictions, hidden, labels)
+        out["seq_relationship_logits"] = nsp_logits = self.cls.seq_relationship(pooled)  # (B, 2)
+        if labels is not None:
+            out["loss"] = out["mlm_loss"]
+        if next_sentence_label is not None:
+            scored = next_sentence_label != -100  # -100: no NSP target (the --no-nsp ablation)
+            if scored.any():
+                nsp_loss = F.cross_entropy(nsp_logits[scored].float(), next_sentence_label[scored])
+                out["nsp_loss"] = nsp_loss
+                out["nsp_accuracy"] = (nsp_logits[scored].argmax(-1) == next_sentence_label[scored]).float().mean()
+                out["loss"] = out.get("loss", 0.0) + nsp_loss
+        return out
+
+
+class BertForMaskedLM(BertPreTrainedModel):
+    """Masked LM only: the fill-mask model (and the --no-nsp pretraining ablation)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.cls = BertOnlyMLMHead(config, self.bert.embeddings.word_embeddings)
+        self.init_weights()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
+        hidden, _ = self._encode(input_ids, attention_mask, token_type_ids)
+        out = _masked_lm(self.cls.predictions, hidden, labels)
+        if labels is None:
+            out["logits"] = out.pop("prediction_logits")
+        else:
+            out["loss"] = out["mlm_loss"]
+        return out
+
+
+def _dropout(config: BertConfig) -> nn.Dropout:
+    p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+    return nn.Dropout(p)
+
+
+def _problem_type(config: BertConfig, labels: Tensor) -> str:
+    if config.problem_type:
+        return config.problem_type
+    if config.num_labels == 1:
+        return "regression"
+    if labels.dtype in (torch.long, torch.int):
+        return "single_label_classification"
+    return "multi_label_classification"
+
+
+class BertForSequenceClassification(BertPreTrainedModel):
+    """A label (or a score, with num_labels == 1) for a text or a sentence pair, from the pooled [CLS]."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config)
+        self.dropout = _dropout(config)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.init_weights()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
+        _, pooled = self._encode(input_ids, attention_mask, token_type_ids)
+        logits = self.classifier(self.dropout(pooled))  # (B, C)
+        out = {"logits": logits}
+        if labels is not None:
+            kind = _problem_type(self.config, labels)
+            if kind == "regression":
+                out["loss"] = F.mse_loss(logits.squeeze(-1).float(), labels.float())
+            elif kind == "single_label_classification":
+                out["loss"] = F.cross_entropy(logits.float(), labels)
+                out["accuracy"] = (logits.argmax(-1) == labels).float().mean()
+            else:
+                out["loss"] = F.binary_cross_entropy_with_logits(logits.float(), labels.float())
+        return out
+
+
+class BertForTokenClassification(BertPreTrainedModel):
+    """A label per token (NER); positions labelled -100 are left out of the loss."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.dropout = _dropout(config)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.init_weights()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
+        hidden, _ = self._encode(input_ids, attention_mask, token_type_ids)
+        logits = self.classifier(self.dropout(hidden))  # (B, T, C)
+        out = {"logits": logits}
+        if labels is not None:
+            out["loss"] = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+            scored = labels != -100
+            out["accuracy"] = (logits.argmax(-1)[scored] == labels[scored]).float().mean()
+        return out
+
+
+class BertForQuestionAnswering(BertPreTrainedModel):
+    """Start and end logits per token: the answer is the best span (SQuAD)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.init_weights()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, start_positions=None, end_positions=None):
+        hidden, _ = self._encode(input_ids, attention_mask, token_type_ids)
+        start_logits, end_logits = self.qa_outputs(hidden).unbind(-1)  # (B, T) each
+        out = {"start_logits": start_logits, "end_logits": end_logits}
+        if start_positions is not None and end_positions is not None:
+            T = start_logits.shape[1]
+            # Positions outside the sequence are ignored, as in the reference implementation.
+            start = start_positions.clamp(0, T)
+            end = end_positions.clamp(0, T)
+            loss_start = F.cross_entropy(start_logits.float(), start, ignore_index=T)
+            loss_end = F.cross_entropy(end_logits.float(), end, ignore_index=T)
+            out["loss"] = (loss_start + loss_end) / 2
+        return out
+
+
+class BertForMultipleChoice(BertPreTrainedModel):
+    """One score per choice (SWAG): inputs are (B, C, T), logits (B, C)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config)
+        self.dropout = _dropout(config)
+        self.classifier = nn.Linear(config.hidden_size, 1)
+        self.init_weights()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
+        B, C, T = input_ids.shape
+        flat = lambda x: None if x is None else x.reshape(B * C, T)  # noqa: E731
+        _, pooled = self._encode(flat(input_ids), flat(attention_mask), flat(token_type_ids))
+        logits = self.classifier(self.dropout(pooled)).view(B, C)
+        out = {"logits": logits}
+        if labels is not None:
+            out["loss"] = F.cross_entropy(logits.float(), labels)
+            out["accuracy"] = (logits.argmax(-1) == labels).float().mean()
+        return out
+
+
+MODEL_CLASSES: dict[str, type[BertPreTrainedModel]] = {
+    cls.__name__: cls
+    for cls in (
+        BertModel,
+        BertForPreTraining,
+        BertForMaskedLM,
+        BertForSequenceClassification,
+        BertForTokenClassification,
+        BertForQuestionAnswering,
+        BertForMultipleChoice,
+    )
+}
