@@ -1,0 +1,315 @@
+"""Named-entity recognition as token classification: labels, features, windows, entities.
+
+Training works on pre-split words (CoNLL): the words are joined with single spaces, tokenized,
+and each word's label goes on its first sub-token (-100, ignored by the loss, elsewhere). BERT's
+pre-tokenizer also splits at punctuation, so its word ids are not the CoNLL words: tokens are
+mapped to words by character offsets instead.
+
+Serving works on raw text of any length: `ner_windows` cuts the token sequence of the whole text
+into overlapping windows of `max_seq_length` tokens (nothing is truncated), and `decode_entities`
+merges their logits, taking each token's logits from the window where the token has the most
+context on both sides (the "max context" rule of BERT's run_squad.py; averaging would mix in the
+predictions made with little context at window edges), then aggregates tokens into entities as
+transformers' TokenClassificationPipeline does. Offsets are Python str indices into the caller's text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from tasks.classification import LabelSet, softmax
+from tasks.ner_metrics import OUTSIDE, split_tag
+from tasks.tokenizer import CLS, SEP, EncodedInput, encode
+
+IGNORE_INDEX = -100  # label of the tokens the loss ignores (PyTorch's CrossEntropyLoss default)
+AGGREGATIONS = ("none", "simple", "first", "average", "max")
+
+
+def ner_label_list(tag_sequences: Iterable[Sequence[str]]) -> list[str]:
+    """The IOB2 label list for the tags found: "O" first, then B- and I- of each type by name.
+
+    Both B- and I- are listed for every type, even one only seen as B-, so that any entity
+    type can be predicted with more than one word.
+    """
+    types = set()
+    for tags in tag_sequences:
+        for tag in tags:
+            prefix, entity_type = split_tag(tag)
+            if prefix in ("B", "I") and entity_type:
+                types.add(entity_type)
+            elif tag != OUTSIDE:
+                raise ValueError(f"tag {tag!r} is not O, B-TYPE or I-TYPE")
+    return [OUTSIDE] + [f"{prefix}-{t}" for t in sorted(types) for prefix in ("B", "I")]
+
+
+# -- training and evaluation on pre-split words ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WordEncoding:
+    """A sentence of words encoded as one BERT input, with the token <-> word correspondence."""
+
+    encoded: EncodedInput
+    text: str  # the words joined by single spaces
+    word_spans: list[tuple[int, int]]  # (start, end) of each word in `text`
+    token_words: np.ndarray  # (T,) the word of each token, -1 for [CLS] / [SEP]
+    first_tokens: np.ndarray  # (W,) each word's first token, -1 if it has none (truncated, or no tokens)
+
+    @property
+    def num_words(self) -> int:
+        return len(self.word_spans)
+
+
+def encode_words(tokenizer: Tokenizer, words: Sequence[str], max_length: int | None = 128) -> WordEncoding:
+    """Encode pre-split words; with `max_length`, the words past the limit are truncated away."""
+    text = " ".join(words)
+    lengths = np.fromiter((len(w) for w in words), dtype=np.int64, count=len(words))
+    word_starts = np.concatenate(([0], np.cumsum(lengths + 1)[:-1])) if len(words) else lengths
+    encoded = encode(tokenizer, text, max_length=max_length)
+    is_content = np.fromiter((s is not None for s in encoded.sequence_ids), dtype=bool, count=len(encoded))
+    token_starts = np.fromiter((s for s, _ in encoded.offsets), dtype=np.int64, count=len(encoded))
+    token_words = np.searchsorted(word_starts, token_starts, side="right") - 1
+    token_words[~is_content] = -1
+    is_first = is_content.copy()
+    is_first[1:] &= token_words[1:] != token_words[:-1]
+    first_tokens = np.full(len(words), -1, dtype=np.int64)
+    first_tokens[token_words[is_first]] = np.flatnonzero(is_first)
+    spans = [(int(s), int(s + n)) for s, n in zip(word_starts, lengths)]
+    return WordEncoding(encoded, text, spans, token_words, first_tokens)
+
+
+def align_labels(
+    encoded: WordEncoding,
+    word_labels: Sequence[int] | Sequence[str],
+    label_all_tokens: bool = False,
+    labels: Sequence[str] | LabelSet | None = None,
+) -> list[int]:
+    """One label id per token: each word's label on its first sub-token, IGNORE_INDEX elsewhere
+    (special tokens, later sub-tokens).
+
+    With `label_all_tokens` the later sub-tokens get the word's label too, a B-X turned into I-X
+    (as transformers' run_ner.py) when `labels` is given. Word labels may be ids or tag names
+    (names need `labels`).
+    """
+    if len(word_labels) != encoded.num_words:
+        raise ValueError(f"{len(word_labels)} labels for {encoded.num_words} words")
+    label_set = labels if isinstance(labels, LabelSet) or labels is None else LabelSet(labels)
+    if len(word_labels) and isinstance(word_labels[0], str):
+        if label_set is None:
+            raise ValueError("word labels given as names need `labels` to map them to ids")
+        word_labels = [label_set.id(x) for x in word_labels]
+    ids = np.asarray(word_labels, dtype=np.int64)
+    out = np.full(len(encoded.token_words), IGNORE_INDEX, dtype=np.int64)
+    if label_all_tokens:
+        content = encoded.token_words >= 0
+        values = ids[encoded.token_words[content]]
+        if label_set is not None:
+            b_to_i = np.arange(len(label_set))
+            for i, name in enumerate(label_set):
+                if name.startswith("B-") and "I-" + name[2:] in label_set:
+                    b_to_i[i] = label_set.id("I-" + name[2:])
+            values = b_to_i[values]
+        out[content] = values
+    seen = encoded.first_tokens >= 0
+    out[encoded.first_tokens[seen]] = ids[seen]
+    return out.tolist()
+
+
+def decode_word_tags(encoded: WordEncoding, logits: np.ndarray, labels: Sequence[str] | LabelSet) -> list[str]:
+    """The predicted tag of each word: the argmax at its first sub-token; "O" for a word with no
+    token (truncated away, or made only of characters the tokenizer drops)."""
+    names = list(labels)
+    tags = [OUTSIDE] * encoded.num_words
+    seen = np.flatnonzero(encoded.first_tokens >= 0)
+    if len(seen):
+        best = np.asarray(logits)[encoded.first_tokens[seen]].argmax(axis=-1)
+        for word, label_id in zip(seen.tolist(), best.tolist()):
+            tags[word] = names[label_id]
+    return tags
+
+
+# -- serving raw text ------------------------------------------------------------------------------
+
+
+class NERWindows(Sequence[EncodedInput]):
+    """Overlapping windows over the tokens of one text; a sequence of `[CLS] ... [SEP]` inputs
+    ready for `pad_batch`, plus what decoding needs (token offsets and word ids of the text)."""
+
+    __slots__ = ("text", "items", "starts", "offsets", "word_ids")
+
+    def __init__(self, text: str, items: list[EncodedInput], starts: np.ndarray, offsets: np.ndarray,
+                 word_ids: np.ndarray):
+        self.text = text
+        self.items = items
+        self.starts = starts  # (K,) the text token each window begins with
+        self.offsets = offsets  # (N, 2) character span of each text token
+        self.word_ids = word_ids  # (N,) pre-tokenizer word of each text token
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.offsets)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        return self.items[index]
+
+    def __iter__(self) -> Iterator[EncodedInput]:
+        return iter(self.items)
+
+
+def window_starts(num_tokens: int, window: int, stride: int) -> list[int]:
+    """First token of each window of `window` tokens, consecutive windows sharing `stride` tokens;
+    the last window ends at the last token (so it has full left context)."""
+    if num_tokens <= window:
+        return [0]
+    return list(range(0, num_tokens - window, window - stride)) + [num_tokens - window]
+
+
+def ner_windows(tokenizer: Tokenizer, text: str, max_seq_length: int = 128, stride: int = 32) -> NERWindows:
+    """Cover all of `text` with windows of at most `max_seq_length` tokens ([CLS] and [SEP] included)
+    overlapping by `stride` tokens. The text is tokenized once."""
+    window = max_seq_length - 2
+    if window < 1:
+        raise ValueError(f"max_seq_length={max_seq_length} leaves no room for text tokens")
+    if not 0 <= stride < window:
+        raise ValueError(f"stride (the overlap) must be in [0, {window}) for max_seq_length={max_seq_length}")
+    enc = tokenizer.encode(text, add_special_tokens=False)
+    ids, offsets, word_ids = enc.ids, enc.offsets, enc.word_ids
+    cls_id, sep_id = tokenizer.token_to_id(CLS), tokenizer.token_to_id(SEP)
+    starts = window_starts(len(ids), window, stride)
+    items = []
+    for start in starts:
+        end = min(start + window, len(ids))
+        n = end - start
+        items.append(EncodedInput(
+            [cls_id, *ids[start:end], sep_id],
+            [0] * (n + 2),
+            [(0, 0), *offsets[start:end], (0, 0)],
+            [None, *([0] * n), None],
+            [None, *word_ids[start:end], None],
+            False,
+        ))
+    offsets_array = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+    word_array = np.asarray([-1 if w is None else w for w in word_ids], dtype=np.int64)
+    return NERWindows(text, items, np.asarray(starts, dtype=np.int64), offsets_array, word_array)
+
+
+def merge_window_logits(windows: NERWindows, logits_per_window: Sequence[np.ndarray] | np.ndarray) -> np.ndarray:
+    """(N, C) logits for the N text tokens, each from the window where it has the most context
+    (min of tokens to its left and right in the window; the earlier window wins ties).
+
+    `logits_per_window[k]` is (T_k, C) for window k, [CLS] first; rows past the window (padding)
+    are ignored, so a padded (K, T, C) batch works too.
+    """
+    if len(logits_per_window) != len(windows):
+        raise ValueError(f"{len(logits_per_window)} logit arrays for {len(windows)} windows")
+    num_labels = np.shape(logits_per_window[0])[-1]
+    merged = np.zeros((windows.num_tokens, num_labels), dtype=np.float32)
+    best = np.full(windows.num_tokens, -1, dtype=np.int64)
+    for item, start, logits in zip(windows.items, windows.starts.tolist(), logits_per_window):
+        length = len(item) - 2
+        logits = np.asarray(logits)
+        if logits.ndim != 2 or logits.shape[0] < length + 2:
+            raise ValueError(f"window logits of shape {logits.shape} for a window of {length + 2} tokens")
+        position = np.arange(length)
+        context = np.minimum(position, length - 1 - position)
+        better = context > best[start : start + length]
+        merged[start : start + length][better] = logits[1 : length + 1][better]
+        best[start : start + length][better] = context[better]
+    return merged
+
+
+def _group_entities(
+    text: str, label_ids: np.ndarray, unit_scores: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+    names: list[str], ignore_labels: Sequence[str],
+) -> list[dict]:
+    """transformers' group_entities: adjacent units of one type merge unless the next is B-;
+    the entity is named by the type of its first unit and scored by the mean of its units."""
+    tag_types = np.array([n[2:] if n.startswith(("B-", "I-")) else n for n in names], dtype=object)
+    type_ids = np.unique(tag_types, return_inverse=True)[1][label_ids]
+    is_begin = np.array([n.startswith("B-") for n in names], dtype=bool)[label_ids]
+    new_group = np.ones(len(label_ids), dtype=bool)
+    new_group[1:] = (type_ids[1:] != type_ids[:-1]) | is_begin[1:]
+    first = np.flatnonzero(new_group)
+    last = np.r_[first[1:], len(label_ids)] - 1
+    mean_scores = np.add.reduceat(unit_scores.astype(np.float64), first) / (last - first + 1)
+    entities = []
+    for f, la, score in zip(first.tolist(), last.tolist(), mean_scores.tolist()):
+        name = names[label_ids[f]].split("-", 1)[-1]
+        if name in ignore_labels:
+            continue
+        start, end = int(starts[f]), int(ends[la])
+        entities.append({"entity": name, "score": score, "text": text[start:end], "start": start, "end": end})
+    return entities
+
+
+def decode_entities(
+    text: str,
+    windows: NERWindows,
+    logits_per_window: Sequence[np.ndarray] | np.ndarray,
+    labels: Sequence[str] | LabelSet,
+    aggregation: str = "simple",
+    ignore_labels: Sequence[str] = (OUTSIDE,),
+) -> list[dict]:
+    """Entities `{"entity", "score", "text", "start", "end"}` in text order, `text[start:end]` being
+    the entity's text. Aggregation as transformers' TokenClassificationPipeline:
+
+    - `none`: one result per token, `entity` the raw tag (B-PER, ...);
+    - `simple`: tokens grouped into entities (`entity` the type): B-X I-X I-X is one entity,
+      B-X B-X two; the score is the mean of the token scores;
+    - `first` / `average` / `max`: first each word (pre-tokenizer word: split at spaces and
+      punctuation) gets one label, from its first token's scores, from the average of its tokens'
+      scores, or from its most confident token; then words are grouped as in `simple`.
+
+    Tags in `ignore_labels` (entity types, for the grouped strategies) are left out.
+    """
+    if text != windows.text:
+        raise ValueError("the windows were made from a different text")
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"unknown aggregation {aggregation!r}; use one of {AGGREGATIONS}")
+    names = list(labels)
+    if windows.num_tokens == 0:
+        return []
+    scores = softmax(merge_window_logits(windows, logits_per_window))
+    if scores.shape[1] != len(names):
+        raise ValueError(f"{scores.shape[1]} logits per token but {len(names)} labels")
+    starts, ends = windows.offsets[:, 0], windows.offsets[:, 1]
+
+    if aggregation in ("none", "simple"):
+        label_ids = scores.argmax(axis=1)
+        token_scores = scores[np.arange(len(scores)), label_ids]
+        if aggregation == "simple":
+            return _group_entities(text, label_ids, token_scores, starts, ends, names, ignore_labels)
+        ignored = np.array([name in ignore_labels for name in names], dtype=bool)
+        keep = np.flatnonzero(~ignored[label_ids])
+        return [
+            {"entity": names[label_ids[i]], "score": float(token_scores[i]), "text": text[starts[i] : ends[i]],
+             "start": int(starts[i]), "end": int(ends[i])}
+            for i in keep.tolist()
+        ]
+
+    word_ids = windows.word_ids
+    new_word = np.ones(len(word_ids), dtype=bool)
+    new_word[1:] = word_ids[1:] != word_ids[:-1]
+    first = np.flatnonzero(new_word)
+    last = np.r_[first[1:], len(word_ids)] - 1
+    if aggregation == "first":
+        word_scores = scores[first]
+    elif aggregation == "average":
+        word_scores = np.add.reduceat(scores, first, axis=0) / (last - first + 1)[:, None]
+    else:  # max: the scores of the word's most confident token (the first one on ties)
+        token_max = scores.max(axis=1)
+        word_of_token = np.cumsum(new_word) - 1
+        is_word_max = token_max == np.maximum.reduceat(token_max, first)[word_of_token]
+        candidates = np.flatnonzero(is_word_max)
+        chosen = candidates[np.unique(word_of_token[candidates], return_index=True)[1]]
+        word_scores = scores[chosen]
+    label_ids = word_scores.argmax(axis=1)
+    unit_scores = word_scores[np.arange(len(word_scores)), label_ids]
+    return _group_entities(text, label_ids, unit_scores, starts[first], ends[last], names, ignore_labels)
