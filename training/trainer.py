@@ -1,0 +1,743 @@
+"""The one training loop: pretraining and every fine-tuning task go through `train`.
+
+Like minGPT's Trainer it knows nothing about the task. It takes a model whose forward returns a dict
+with a scalar "loss" (other 0-dim tensors there are logged as metrics), a map-style dataset, a collate
+function that turns a list of items into the model's keyword arguments, and `TrainSettings`.
+
+What it does: AdamW (no weight decay on biases and LayerNorm weights), linear warmup then linear decay
+to 0, gradient accumulation, gradient clipping, AMP on CUDA (bf16, or fp16 with a GradScaler), DDP
+when launched by torchrun, a tqdm bar and a JSON-lines metrics log, and checkpoints that make resume
+after a kill exact: same seed, same per-step losses, same final weights as an uninterrupted run.
+
+How exact resume works. Every epoch's data order is a permutation drawn from a generator seeded by
+(seed, epoch), dealt to ranks like DistributedSampler, and cut into micro-batches. A checkpoint
+records the epoch and how many micro-batches of it were consumed, plus every random state (python,
+numpy, torch, CUDA; per rank). Resuming rebuilds the epoch's batches and starts after the consumed
+ones, without loading them. DataLoaders get their own seeded generator so that creating one does not
+draw from the global torch RNG (the one dropout uses), and evaluation / saving run with the global
+random states saved and restored, so neither perturbs training.
+
+Layout of `output_dir`: metrics.jsonl, train_settings.json, checkpoints/step-00000123/trainer_state.pt,
+and final_model/ when an `on_save` hook is given.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import random
+import re
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from torch import nn
+
+from training.distributed import (
+    DistContext,
+    any_rank,
+    barrier,
+    broadcast_object,
+    gather_objects,
+    setup_distributed,
+    shard,
+    teardown_distributed,
+)
+
+log = logging.getLogger(__name__)
+
+CHECKPOINTS_DIR = "checkpoints"
+STATE_FILE = "trainer_state.pt"
+METRICS_FILE = "metrics.jsonl"
+SETTINGS_FILE = "train_settings.json"
+FINAL_MODEL_DIR = "final_model"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+class TrainSettings(BaseModel):
+    """Settings of one training run. Batch sizes are per device; see `effective_batch_size`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    output_dir: Path
+    seed: int = Field(42, ge=0)
+    epochs: float | None = Field(None, gt=0, description="may be fractional; 1 when neither this nor max_steps is set")
+    max_steps: int | None = Field(None, gt=0, description="optimizer steps; with epochs, the smaller wins")
+    max_minutes: float | None = Field(None, gt=0, description="training-time budget, counted across resumes")
+    batch_size: int = Field(32, gt=0, description="examples per micro-batch per device")
+    grad_accum_steps: int = Field(1, gt=0)
+    learning_rate: float = Field(5e-5, gt=0)
+    warmup_ratio: float = Field(0.0, ge=0, le=1)
+    warmup_steps: int | None = Field(None, ge=0, description="overrides warmup_ratio")
+    weight_decay: float = 0.01
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-8
+    max_grad_norm: float | None = Field(1.0, description="None or 0: no clipping")
+    amp: Literal["auto", "bf16", "fp16", "off"] = "auto"
+    save_every_steps: int | None = Field(None, gt=0, description="a checkpoint is also written at the end")
+    log_every_steps: int = Field(10, gt=0)
+    eval_every_steps: int | None = Field(None, gt=0, description="evaluation also runs at the end")
+    keep_last_checkpoints: int | None = Field(2, gt=0, description="None keeps all")
+    num_workers: int = Field(0, ge=0)
+    device: str = "auto"
+    resume: str = Field("auto", description='"auto" (latest checkpoint in output_dir, if any), "never", or a checkpoint folder')
+    progress_bar: bool = Field(True, description="shown on rank 0 when stderr is a terminal")
+    num_threads: int | None = Field(None, gt=0, description="torch.set_num_threads; None leaves it alone")
+    ddp_find_unused_parameters: bool = False
+
+    @model_validator(mode="after")
+    def _default_length(self) -> TrainSettings:
+        if self.epochs is None and self.max_steps is None:
+            self.epochs = 1.0
+        return self
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    epochs: float
+    final_loss: float | None
+    elapsed_s: float  # training time, across resumes
+    tokens_per_s: float  # over this invocation, all ranks
+    examples_per_s: float
+    last_checkpoint: Path | None
+    stopped_by: str  # "steps" (planned length reached) or "max_minutes"
+    world_size: int = 1
+    effective_batch_size: int = 0
+    metrics_path: Path | None = None
+    final_eval: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How long the run is, in optimizer steps, given the data size and the batch geometry."""
+
+    examples: int
+    micro_batches_per_epoch: int  # per rank
+    steps_per_epoch: int
+    total_steps: int
+    warmup_steps: int
+
+    @staticmethod
+    def make(settings: TrainSettings, examples: int, world_size: int) -> Plan:
+        per_rank = math.ceil(examples / world_size)
+        micro = math.ceil(per_rank / settings.batch_size)
+        steps_per_epoch = math.ceil(micro / settings.grad_accum_steps)
+        candidates = []
+        if settings.epochs is not None:
+            candidates.append(math.ceil(settings.epochs * steps_per_epoch))
+        if settings.max_steps is not None:
+            candidates.append(settings.max_steps)
+        total = max(1, min(candidates))
+        warmup = settings.warmup_steps if settings.warmup_steps is not None else math.ceil(settings.warmup_ratio * total)
+        return Plan(examples, micro, steps_per_epoch, total, min(warmup, total))
+
+
+# ---------------------------------------------------------------- optimizer and schedule
+
+
+def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Two AdamW groups: weight decay for weight matrices and embeddings, none for biases and LayerNorm."""
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
+    seen: set[int] = set()
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            if not param.requires_grad or id(param) in seen:
+                continue  # tied weights (the MLM decoder and the word embeddings) appear once
+            seen.add(id(param))
+            exempt = name == "bias" or isinstance(module, nn.LayerNorm)
+            (no_decay if exempt else decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_optimizer(model: nn.Module, settings: TrainSettings, device: torch.device) -> torch.optim.AdamW:
+    """torch's AdamW, fused where this build supports it on `device`, else the foreach implementation."""
+    groups = parameter_groups(model, settings.weight_decay)
+    kwargs = {"lr": settings.learning_rate, "betas": (settings.adam_beta1, settings.adam_beta2), "eps": settings.adam_epsilon}
+    try:
+        return torch.optim.AdamW(groups, fused=True, **kwargs)
+    except (RuntimeError, ValueError, TypeError) as err:
+        log.debug("fused AdamW unavailable on %s (%s); using foreach", device, err)
+        return torch.optim.AdamW(groups, foreach=True, **kwargs)
+
+
+def linear_schedule(warmup_steps: int, total_steps: int) -> Callable[[int], float]:
+    """The learning-rate factor for LambdaLR: 0 -> 1 over warmup_steps, then linearly down to 0 at total_steps."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return step / max(1, warmup_steps)
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+
+    return factor
+
+
+def resolve_amp(amp: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype, or None for fp32. Mixed precision is a CUDA feature here; the CPU trains in fp32."""
+    if device.type != "cuda":
+        if amp in ("bf16", "fp16"):
+            log.info("amp=%s needs CUDA; training in fp32 on %s", amp, device)
+        return None
+    if amp == "off":
+        return None
+    if amp == "auto":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.bfloat16 if amp == "bf16" else torch.float16
+
+
+# ---------------------------------------------------------------- data order
+
+
+def epoch_permutation(examples: int, seed: int, epoch: int) -> list[int]:
+    """The order of one epoch, a function of (seed, epoch) only."""
+    generator = torch.Generator().manual_seed(_derive_seed(seed, epoch))
+    return torch.randperm(examples, generator=generator).tolist()
+
+
+def epoch_batches(examples: int, settings: TrainSettings, epoch: int, rank: int = 0, world_size: int = 1) -> list[list[int]]:
+    """This rank's micro-batches (lists of dataset indices) of `epoch`, in order."""
+    mine = shard(epoch_permutation(examples, settings.seed, epoch), rank, world_size)
+    return [mine[i : i + settings.batch_size] for i in range(0, len(mine), settings.batch_size)]
+
+
+def _derive_seed(*parts: int) -> int:
+    return int(np.random.SeedSequence(list(parts)).generate_state(1, np.uint64)[0] >> 1)
+
+
+# ---------------------------------------------------------------- random states
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """Every global random state, as tensors and plain values (loadable with weights_only=True)."""
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "python": {"version": version, "state": torch.tensor(internal, dtype=torch.int64), "gauss": gauss},
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached": float(cached)},
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    py = state["python"]
+    random.setstate((py["version"], tuple(py["state"].tolist()), py["gauss"]))
+    npy = state["numpy"]
+    np.random.set_state((npy["kind"], npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"], npy["cached"]))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@contextlib.contextmanager
+def preserved_rng() -> Iterator[None]:
+    """Run a block (evaluation, saving) without moving the global random states training depends on."""
+    state = capture_rng_state()
+    try:
+        yield
+    finally:
+        restore_rng_state(state)
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+@contextlib.contextmanager
+def atomic_directory(final: Path) -> Iterator[Path]:
+    """Yield a temporary sibling of `final` to fill; on success fsync it and rename it to `final`.
+
+    A reader sees either no `final` or a complete one: a kill or an exception while writing leaves at
+    most a hidden ".tmp-" folder (removed on exception here, and by `clean_stale_temporaries`).
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+        _fsync_tree(tmp)
+        if final.exists():  # replace: move the old one aside first, rename is atomic only onto nothing
+            old = final.parent / f".old-{final.name}-{os.getpid()}"
+            os.rename(final, old)
+            os.rename(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, final)
+        _fsync_path(final.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            _fsync_path(Path(dirpath) / name)
+        _fsync_path(Path(dirpath))
+
+
+def clean_stale_temporaries(folder: Path) -> None:
+    """Remove the ".tmp-"/".old-" leftovers of a save that a kill interrupted."""
+    if folder.is_dir():
+        for child in folder.iterdir():
+            if child.name.startswith((".tmp-", ".old-")):
+                shutil.rmtree(child, ignore_errors=True)
+
+
+def list_checkpoints(output_dir: Path) -> list[Path]:
+    """Complete checkpoints in output_dir, oldest first."""
+    folder = Path(output_dir) / CHECKPOINTS_DIR
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _STEP_DIR.match(p.name)) and (p / STATE_FILE).is_file()]
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(output_dir: Path) -> Path | None:
+    found = list_checkpoints(output_dir)
+    return found[-1] if found else None
+
+
+def save_checkpoint(folder: Path, state: dict[str, Any]) -> Path:
+    """Write `state` (tensors, containers and plain values only) atomically to folder/trainer_state.pt."""
+    with atomic_directory(folder) as tmp:
+        torch.save(state, tmp / STATE_FILE)
+    return folder
+
+
+def load_checkpoint(folder: Path) -> dict[str, Any]:
+    """Read a training state with weights_only=True: no arbitrary objects are unpickled."""
+    return torch.load(Path(folder) / STATE_FILE, map_location="cpu", weights_only=True)
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+# ---------------------------------------------------------------- the loop
+
+
+class _Window:
+    """Sums over one logging window of micro-batches; averaged (over all ranks) when logged."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.sums: dict[str, torch.Tensor] = {}
+        self.counts: dict[str, int] = {}
+        self.tokens = 0
+        self.examples = 0
+        self.started = time.perf_counter()
+
+    def add(self, key: str, value: torch.Tensor) -> None:
+        value = value.detach().float()
+        self.sums[key] = self.sums[key] + value if key in self.sums else value
+        self.counts[key] = self.counts.get(key, 0) + 1
+
+    def summary(self) -> dict[str, Any]:
+        return {"sums": {k: v.item() for k, v in self.sums.items()}, "counts": dict(self.counts),
+                "tokens": self.tokens, "examples": self.examples}
+
+
+def _merge_windows(summaries: Sequence[dict[str, Any]]) -> tuple[dict[str, float], int, int]:
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for s in summaries:
+        for key, value in s["sums"].items():
+            sums[key] = sums.get(key, 0.0) + value
+            counts[key] = counts.get(key, 0) + s["counts"][key]
+    means = {key: sums[key] / counts[key] for key in sums}
+    return means, sum(s["tokens"] for s in summaries), sum(s["examples"] for s in summaries)
+
+
+def _batch_size_of(batch: dict[str, Any]) -> tuple[int, int]:
+    """(examples, tokens) of a collated batch; tokens are the attention mask's ones when there is one."""
+    ids = batch.get("input_ids")
+    examples = int(ids.shape[0]) if isinstance(ids, torch.Tensor) else 0
+    mask = batch.get("attention_mask")
+    if isinstance(mask, torch.Tensor):
+        return examples, int(mask.sum())
+    return examples, int(ids.numel()) if isinstance(ids, torch.Tensor) else 0
+
+
+class _MetricsLog:
+    """metrics.jsonl, written by rank 0 only; one JSON object per line, flushed as written."""
+
+    def __init__(self, path: Path, enabled: bool, keep_through_step: int | None) -> None:
+        self.path = path
+        self.file = None
+        if not enabled:
+            return
+        kept: list[str] = []
+        if keep_through_step is not None and path.is_file():  # drop what a killed run logged after its checkpoint
+            for line in path.read_text(encoding="utf-8").splitlines():
+                with contextlib.suppress(json.JSONDecodeError):
+                    if line.strip() and json.loads(line).get("step", 0) <= keep_through_step:
+                        kept.append(line)
+        rewritten = path.with_name(path.name + ".tmp")  # replaced in one step: a kill here loses no lines
+        rewritten.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+        os.replace(rewritten, path)
+        self.file = path.open("a", encoding="utf-8")
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.file is not None:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+def _progress_bar(ctx: DistContext, settings: TrainSettings, plan: Plan, start: int):
+    from tqdm.auto import tqdm
+
+    enabled = ctx.is_main and settings.progress_bar and sys.stderr.isatty()
+    return tqdm(total=plan.total_steps, initial=start, unit="step", dynamic_ncols=True, disable=not enabled)
+
+
+def train(
+    model: nn.Module,
+    dataset: Any,
+    collate: Callable[[list[Any]], dict[str, Any]],
+    settings: TrainSettings,
+    evaluate: Callable[[nn.Module], dict[str, float]] | None = None,
+    on_save: Callable[[nn.Module, Path], None] | None = None,
+) -> TrainResult:
+    """Train `model` in place on `dataset` and return a summary.
+
+    `dataset`: map-style (len and [i]); if it has `set_epoch(epoch)` it is called before each epoch.
+    `collate(items)` -> the model's keyword arguments (tensors), labels included.
+    `evaluate(model)` -> metrics, run on rank 0 in eval mode every eval_every_steps and at the end.
+    `on_save(model, folder)` saves the final model in the caller's format (rank 0, atomically, into
+    output_dir/final_model). Under torchrun, call this in every process; checkpoints must be on a
+    filesystem all ranks can read.
+    """
+    ctx = setup_distributed(settings.device)
+    try:
+        return _Run(model, dataset, collate, settings, ctx, evaluate, on_save).run()
+    finally:
+        teardown_distributed(ctx)
+
+
+class _Run:
+    def __init__(self, model, dataset, collate, settings: TrainSettings, ctx: DistContext, evaluate, on_save) -> None:
+        if len(dataset) == 0:
+            raise ValueError("the training dataset is empty")
+        self.settings, self.ctx, self.dataset, self.collate = settings, ctx, dataset, collate
+        self.evaluate_fn, self.on_save = evaluate, on_save
+        self.output_dir = Path(settings.output_dir)
+        self.plan = Plan.make(settings, len(dataset), ctx.world_size)
+        if settings.num_threads:
+            torch.set_num_threads(settings.num_threads)
+        _seed_everything(_derive_seed(settings.seed, ctx.rank))
+
+        self.device = ctx.device
+        self.model = model.to(self.device)
+        self.amp_dtype = resolve_amp(settings.amp, self.device)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype == torch.float16)
+        self.optimizer = build_optimizer(self.model, settings, self.device)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, linear_schedule(self.plan.warmup_steps, self.plan.total_steps))
+        self.step, self.epoch, self.micro_done, self.elapsed_before = 0, 0, 0, 0.0
+        self.last_checkpoint: Path | None = None
+        self.last_saved_step = -1
+        self.resumed_from = self._resume()
+        if ctx.enabled:
+            ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+            self.model = nn.parallel.DistributedDataParallel(
+                self.model, device_ids=ids, find_unused_parameters=settings.ddp_find_unused_parameters)
+
+    # -- resume
+
+    def _resume(self) -> Path | None:
+        s, ctx = self.settings, self.ctx
+        checkpoints = self.output_dir / CHECKPOINTS_DIR
+        if ctx.is_main:
+            clean_stale_temporaries(checkpoints)
+        if s.resume == "never":
+            if ctx.is_main and list_checkpoints(self.output_dir):
+                log.info("resume=never: removing the earlier run's checkpoints in %s", checkpoints)
+                for old in list_checkpoints(self.output_dir):
+                    shutil.rmtree(old)
+            barrier(ctx)
+            return None
+        folder = latest_checkpoint(self.output_dir) if s.resume == "auto" else Path(s.resume)
+        barrier(ctx)
+        if folder is None:
+            return None
+        state = load_checkpoint(folder)
+        saved = state["geometry"]
+        here = {"world_size": ctx.world_size, "batch_size": s.batch_size, "grad_accum_steps": s.grad_accum_steps,
+                "examples": self.plan.examples}
+        if saved != here:
+            raise ValueError(f"cannot resume {folder} exactly: it was written with {saved}, this run has {here}")
+        if state["seed"] != s.seed:
+            log.warning("resuming %s written with seed %d under seed %d", folder, state["seed"], s.seed)
+        _unwrap(self.model).load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.step, self.epoch, self.micro_done = state["step"], state["epoch"], state["micro_batches_done"]
+        self.elapsed_before = state["elapsed_s"]
+        restore_rng_state(state["rng"][ctx.rank])
+        self.last_checkpoint, self.last_saved_step = folder, self.step
+        if ctx.is_main:
+            log.info("resumed from %s: step %d, epoch %d, %d micro-batches into it", folder, self.step, self.epoch,
+                     self.micro_done)
+        return folder
+
+    # -- the loop
+
+    def run(self) -> TrainResult:
+        s, ctx, plan = self.settings, self.ctx, self.plan
+        if ctx.is_main:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            self._write_settings()
+        keep = self.step if self.resumed_from is not None else None
+        self.metrics = _MetricsLog(self.output_dir / METRICS_FILE, ctx.is_main, keep)
+        self.bar = _progress_bar(ctx, s, plan, self.step)
+        self.started = time.perf_counter()
+        self.run_tokens = self.run_examples = 0
+        self.final_loss: float | None = None
+        self.final_eval: dict[str, float] = {}
+        stopped_by = "steps"
+        start_step = self.step
+        self.model.train()
+        try:
+            window = _Window()
+            if s.max_minutes is not None and self.elapsed_before >= s.max_minutes * 60:
+                stopped_by = "max_minutes"  # a resumed run whose budget was already spent
+            while self.step < plan.total_steps and stopped_by == "steps":
+                if self._train_epoch(window):
+                    stopped_by = "max_minutes"
+                    break
+            trained = self.step > start_step or self.resumed_from is None
+            if trained:
+                if self.evaluate_fn is not None and not self._due(s.eval_every_steps):
+                    self._evaluate()
+                if self.last_saved_step != self.step:
+                    self._save()
+            # Also when a kill came between the last checkpoint and the final model.
+            missing = broadcast_object(ctx, not (self.output_dir / FINAL_MODEL_DIR).exists())
+            if trained or missing:
+                self._save_final_model()
+        finally:
+            self.bar.close()
+            self.metrics.close()
+        barrier(ctx)
+        return self._result(stopped_by)
+
+    def _train_epoch(self, window: _Window) -> bool:
+        """Train from the current position to the end of the epoch (or of the run). True: out of time."""
+        s, plan = self.settings, self.plan
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(self.epoch)
+        batches = epoch_batches(plan.examples, s, self.epoch, self.ctx.rank, self.ctx.world_size)
+        loader = torch.utils.data.DataLoader(
+            self.dataset, batch_sampler=batches[self.micro_done :], collate_fn=self.collate,
+            num_workers=s.num_workers, pin_memory=self.device.type == "cuda",
+            generator=torch.Generator().manual_seed(_derive_seed(s.seed, self.epoch, self.ctx.rank, 1)),
+        )
+        micro_batches = iter(loader)
+        while self.micro_done < len(batches) and self.step < plan.total_steps:
+            group = min(s.grad_accum_steps, len(batches) - self.micro_done)
+            self._optimizer_step(micro_batches, group, window)
+            self.micro_done += group
+            self.step += 1
+            self.bar.update(1)
+            out_of_time = s.max_minutes is not None and any_rank(self.ctx, self._elapsed() > s.max_minutes * 60)
+            if self._due(s.log_every_steps) or self.step == plan.total_steps or out_of_time:
+                self._log(window)
+                window.reset()
+            if self.evaluate_fn is not None and self._due(s.eval_every_steps):
+                self._evaluate()
+            if self._due(s.save_every_steps) or out_of_time:
+                self._save()
+            if out_of_time:
+                log.info("max_minutes=%s reached at step %d", s.max_minutes, self.step)
+                return True
+        if self.micro_done >= len(batches):
+            self.epoch, self.micro_done = self.epoch + 1, 0
+        return False
+
+    def _optimizer_step(self, micro_batches: Iterator[dict[str, Any]], group: int, window: _Window) -> None:
+        s = self.settings
+        for i in range(group):
+            batch = next(micro_batches)
+            examples, tokens = _batch_size_of(batch)
+            window.examples += examples
+            window.tokens += tokens
+            self.run_examples += examples
+            self.run_tokens += tokens
+            batch = {k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+            sync = i == group - 1 or not self.ctx.enabled
+            with (contextlib.nullcontext() if sync else self.model.no_sync()):
+                with self._autocast():
+                    out = self.model(**batch)
+                loss = out["loss"]
+                self.scaler.scale(loss / group).backward()
+            window.add("loss", loss)
+            for key, value in out.items():
+                if key != "loss" and isinstance(value, torch.Tensor) and value.dim() == 0:
+                    window.add(key, value)
+        self.learning_rate = self.scheduler.get_last_lr()[0]  # the rate this step applies
+        if s.max_grad_norm:
+            self.scaler.unscale_(self.optimizer)
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.max_grad_norm)
+            window.add("grad_norm", norm)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+
+    def _due(self, every: int | None) -> bool:
+        return bool(every) and self.step % every == 0
+
+    def _elapsed(self) -> float:
+        return self.elapsed_before + time.perf_counter() - self.started
+
+    def _epoch_progress(self) -> float:
+        return self.epoch + self.micro_done / self.plan.micro_batches_per_epoch
+
+    # -- logging, evaluation, saving
+
+    def _log(self, window: _Window) -> None:
+        summaries = gather_objects(self.ctx, window.summary())
+        if not self.ctx.is_main:
+            return
+        means, tokens, examples = _merge_windows(summaries)
+        seconds = max(time.perf_counter() - window.started, 1e-9)
+        record = {"step": self.step, "epoch": round(self._epoch_progress(), 4), "loss": means.pop("loss"),
+                  "learning_rate": self.learning_rate, "tokens_per_s": tokens / seconds,
+                  "examples_per_s": examples / seconds, "elapsed_s": round(self._elapsed(), 3), **means}
+        self.final_loss = record["loss"]
+        self.metrics.write(record)
+        self.bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}", refresh=False)
+        if not self.bar.disable:
+            return
+        log.info("step %d/%d epoch %.2f loss %.4f lr %.3g %.0f tokens/s", self.step, self.plan.total_steps,
+                 record["epoch"], record["loss"], record["learning_rate"], record["tokens_per_s"])
+
+    def _evaluate(self) -> None:
+        barrier(self.ctx)
+        if self.ctx.is_main:
+            model = _unwrap(self.model)
+            model.eval()
+            try:
+                with preserved_rng(), torch.no_grad():
+                    results = {k: float(v) for k, v in self.evaluate_fn(model).items()}
+            finally:
+                model.train()
+            self.final_eval = results
+            self.metrics.write({"split": "eval", "step": self.step, "epoch": round(self._epoch_progress(), 4), **results})
+            log.info("eval at step %d: %s", self.step, json.dumps(results))
+        barrier(self.ctx)
+
+    def _save(self) -> None:
+        rng_states = gather_objects(self.ctx, capture_rng_state())
+        folder = self.output_dir / CHECKPOINTS_DIR / f"step-{self.step:08d}"
+        barrier(self.ctx)
+        if self.ctx.is_main:
+            state = {
+                "model": _unwrap(self.model).state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict(),
+                "rng": rng_states,
+                "step": self.step,
+                "epoch": self.epoch if self.micro_done < self.plan.micro_batches_per_epoch else self.epoch + 1,
+                "micro_batches_done": self.micro_done % self.plan.micro_batches_per_epoch,
+                "elapsed_s": self._elapsed(),
+                "seed": self.settings.seed,
+                "geometry": {"world_size": self.ctx.world_size, "batch_size": self.settings.batch_size,
+                             "grad_accum_steps": self.settings.grad_accum_steps, "examples": self.plan.examples},
+            }
+            save_checkpoint(folder, state)
+            self._prune_checkpoints()
+        barrier(self.ctx)
+        self.last_checkpoint, self.last_saved_step = folder, self.step
+
+    def _prune_checkpoints(self) -> None:
+        keep = self.settings.keep_last_checkpoints
+        if keep:
+            for old in list_checkpoints(self.output_dir)[:-keep]:
+                shutil.rmtree(old, ignore_errors=True)
+
+    def _save_final_model(self) -> None:
+        if self.on_save is None:
+            return
+        if self.ctx.is_main:
+            with preserved_rng(), atomic_directory(self.output_dir / FINAL_MODEL_DIR) as tmp:
+                self.on_save(_unwrap(self.model), tmp)
+        barrier(self.ctx)
+
+    def _write_settings(self) -> None:
+        s, plan = self.settings, self.plan
+        record = {
+            "settings": json.loads(s.model_dump_json()),
+            "world_size": self.ctx.world_size,
+            "effective_batch_size": self._effective_batch(),
+            "plan": asdict(plan),
+            "device": str(self.device),
+            "amp": str(self.amp_dtype) if self.amp_dtype else "off",
+            "torch": torch.__version__,
+            "resumed_from": str(self.resumed_from) if self.resumed_from else None,
+        }
+        (self.output_dir / SETTINGS_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        log.info("train settings: %s", s.model_dump_json())
+        log.info("training: %d examples, batch %d x accum %d x world %d = %d per step, %d steps/epoch, "
+                 "%d steps (warmup %d), device %s, amp %s", plan.examples, s.batch_size, s.grad_accum_steps,
+                 self.ctx.world_size, self._effective_batch(), plan.steps_per_epoch, plan.total_steps,
+                 plan.warmup_steps, self.device, record["amp"])
+
+    def _effective_batch(self) -> int:
+        return self.settings.batch_size * self.settings.grad_accum_steps * self.ctx.world_size
+
+    def _result(self, stopped_by: str) -> TrainResult:
+        seconds = max(time.perf_counter() - self.started, 1e-9)
+        world = self.ctx.world_size  # every rank consumes the same number of examples
+        return TrainResult(
+            steps=self.step, epochs=round(self._epoch_progress(), 4), final_loss=self.final_loss,
+            elapsed_s=round(self._elapsed(), 3), tokens_per_s=self.run_tokens * world / seconds,
+            examples_per_s=self.run_examples * world / seconds, last_checkpoint=self.last_checkpoint,
+            stopped_by=stopped_by, world_size=world, effective_batch_size=self._effective_batch(),
+            metrics_path=self.output_dir / METRICS_FILE, final_eval=self.final_eval,
+        )
