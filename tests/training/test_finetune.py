@@ -1,0 +1,73 @@
+"""`berth finetune` / `berth evaluate` end to end on small slices of real data, from the real checkpoint."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from berth.cli import main
+from tasks.spec import TaskSpec
+from training.evaluate import evaluate_folder
+from training.finetune import FinetuneSettings, run_finetune
+
+SAMPLES = Path(__file__).resolve().parents[2] / "data" / "samples"
+
+
+def _finetune(tmp_path, task, train, dev, **options) -> tuple[Path, dict]:
+    out = tmp_path / task
+    options = {"epochs": 1, "batch_size": 8, **options}
+    settings = FinetuneSettings(task=task, train_file=SAMPLES / train, dev_file=SAMPLES / dev, out=out, threads=2,
+                                **options)
+    return out, run_finetune(settings)
+
+
+def test_classification_learns_and_saves_a_servable_folder(tmp_path):
+    out, metrics = _finetune(tmp_path, "classification", "topic_questions/train.jsonl", "topic_questions/dev.jsonl",
+                             max_train_examples=400, max_eval_examples=100, max_seq_length=48, learning_rate=1e-4)
+    spec = TaskSpec.load(out)
+    assert spec.labels == ["arts_media", "people", "places", "science_tech", "society"]
+    assert spec.dev_metrics == metrics
+    assert metrics["accuracy"] > 0.4  # five balanced classes: chance is 0.2
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "vocab.txt", "finetune_run.json"):
+        assert (out / name).is_file(), name
+    config = json.loads((out / "config.json").read_text())
+    assert config["id2label"]["0"] == "arts_media" and config["architectures"] == ["BertForSequenceClassification"]
+    again = evaluate_folder(out, SAMPLES / "topic_questions/dev.jsonl", limit=100)
+    assert again["accuracy"] == pytest.approx(metrics["accuracy"])
+
+
+def test_pair_regression(tmp_path):
+    out, metrics = _finetune(tmp_path, "pair", "stsb_images/train.jsonl", "stsb_images/dev.jsonl", regression=True,
+                             max_train_examples=400, max_eval_examples=100, max_seq_length=48, learning_rate=2e-4,
+                             epochs=3, batch_size=16)
+    assert TaskSpec.load(out).problem_type == "regression"
+    assert {"pearson", "spearman"} <= set(metrics)
+    assert metrics["pearson"] > 0.3  # untrained: about 0.2 or below
+
+
+def test_ner_on_wnut17(tmp_path):
+    out, metrics = _finetune(tmp_path, "ner", "wnut17/train.conll", "wnut17/dev.conll",
+                             max_train_examples=200, max_eval_examples=100, max_seq_length=64, learning_rate=1e-4)
+    spec = TaskSpec.load(out)
+    assert spec.labels[0] == "O" and "B-person" in spec.labels
+    assert spec.doc_stride < spec.max_seq_length - 2  # servable overlap for long texts
+    assert {"precision", "recall", "f1"} <= set(metrics)
+
+
+def test_qa_on_squad_windows(tmp_path):
+    out, metrics = _finetune(tmp_path, "qa", "squad/train.json", "squad/dev.json", max_train_examples=150,
+                             max_eval_examples=40, max_seq_length=192, doc_stride=64, learning_rate=1e-4)
+    spec = TaskSpec.load(out)
+    assert spec.max_seq_length == 192 and spec.doc_stride == 64 and not spec.version_2_with_negative
+    assert {"exact", "f1", "total"} <= set(metrics) and metrics["total"] == 40
+    assert metrics["f1"] > 5  # a few minutes of CPU cannot do much; it must beat an untrained head (~0-12)
+
+
+def test_cli_help_lists_working_commands(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    for command in ("finetune", "evaluate", "tokenizer"):
+        assert command in text

@@ -1,0 +1,241 @@
+"""The task layer (tasks/) adapted to training: read a data file, build torch features, evaluate.
+
+One adapter per task family. Each reads examples, fixes the TaskSpec (labels and settings saved
+with the model), turns examples into features with the same code the service uses, and scores a
+model on dev examples with the official metrics.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+
+from tasks import classification, cls_metrics, ner, ner_metrics, qa, qa_metrics, readers
+from tasks.batching import pad_batch
+from tasks.spec import TaskSpec
+from training.predict import predict
+
+
+@dataclass
+class Feature:
+    """One model input and its training targets (names as the model's forward takes them)."""
+
+    input_ids: Any
+    token_type_ids: Any
+    targets: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+def collate(features: Sequence[Feature]) -> dict[str, torch.Tensor]:
+    """Pad to the longest feature; per-token targets are padded with -100 (ignored by the loss)."""
+    batch = {k: torch.from_numpy(v) for k, v in pad_batch(features).items()}
+    width = batch["input_ids"].shape[1]
+    for name, first in features[0].targets.items():
+        if isinstance(first, list | np.ndarray):
+            rows = [list(f.targets[name]) + [-100] * (width - len(f.targets[name])) for f in features]
+            batch[name] = torch.tensor(rows, dtype=torch.long)
+        else:
+            dtype = torch.float32 if isinstance(first, float) else torch.long
+            batch[name] = torch.tensor([f.targets[name] for f in features], dtype=dtype)
+    return batch
+
+
+def _subsample(items: list, limit: int | None, seed: int | None) -> list:
+    """At most `limit` items: a seeded random sample, or the first `limit` when seed is None (dev sets)."""
+    if limit is None or limit >= len(items):
+        return items
+    if seed is None:
+        return items[:limit]
+    picked = sorted(random.Random(seed).sample(range(len(items)), limit))
+    return [items[i] for i in picked]
+
+
+def _sniff_format(path: Path, requested: str, task: str) -> str:
+    if requested != "auto":
+        return requested
+    name = path.name.lower()
+    if task == "qa":
+        return "squad"
+    if task == "ner":
+        return "conll"
+    if name.endswith(".tsv"):
+        header = path.open(encoding="utf-8-sig").readline().rstrip("\n").split("\t")
+        if header[:2] == ["sentence", "label"]:
+            return "sst2"
+        if header and header[0] == "Quality":
+            return "mrpc"
+        if "sentence1" in header and "score" in header:
+            return "stsb"
+    return "table"
+
+
+class ClassificationAdapter:
+    """Single texts (classification) and sentence pairs (pair); labels or a regression score."""
+
+    def __init__(self, settings, tokenizer: Tokenizer):
+        self.settings = settings
+        self.tokenizer = tokenizer
+        self.regression = settings.regression
+
+    def read(self, path: Path, limit: int | None, seed: int | None) -> list[readers.TextExample]:
+        s = self.settings
+        fmt = _sniff_format(Path(path), s.data_format, s.task)
+        if fmt in ("sst2", "mrpc", "stsb", "rte"):
+            self.regression = self.regression or fmt == "stsb"
+            examples = readers.read_glue(path, fmt)
+        else:
+            examples = readers.read_table(path, s.text_column, s.text_pair_column if s.task == "pair" else None,
+                                          s.label_column, regression=self.regression)
+        if s.task == "pair" and any(e.text_pair is None for e in examples):
+            raise ValueError(f"{path}: the pair task needs a second text in every example")
+        return _subsample(examples, limit, seed)
+
+    def spec(self, train: list[readers.TextExample]) -> TaskSpec:
+        s = self.settings
+        if self.regression:
+            return TaskSpec(task=s.task, labels=[], problem_type="regression",
+                            max_seq_length=s.effective_max_seq_length())
+        labels = s.labels or list(classification.LabelSet.from_data(e.label for e in train))
+        return TaskSpec(task=s.task, labels=labels, problem_type="single_label_classification",
+                        max_seq_length=s.effective_max_seq_length())
+
+    def _encode(self, example, spec: TaskSpec):
+        return classification.encode_classification(self.tokenizer, example.text, example.text_pair,
+                                                    max_length=spec.max_seq_length)
+
+    def features(self, examples, spec: TaskSpec, training: bool) -> list[Feature]:
+        label_set = None if self.regression else classification.LabelSet(spec.labels)
+        out = []
+        for ex in examples:
+            enc = self._encode(ex, spec)
+            target = float(ex.label) if self.regression else label_set.id(str(ex.label))
+            out.append(Feature(enc.input_ids, enc.token_type_ids, {"labels": target}))
+        return out
+
+    def evaluate(self, model, examples, spec: TaskSpec) -> tuple[dict[str, float], dict]:
+        items = [self._encode(ex, spec) for ex in examples]
+        logits = np.stack(predict(model, items, ["logits"], per_token=False, device=_device(model))["logits"])
+        if self.regression:
+            scores = logits[:, 0].tolist()
+            return cls_metrics.regression_metrics(scores, [float(e.label) for e in examples]), {}
+        decoded = classification.decode_classification(logits, spec.labels, problem_type=spec.problem_type)
+        predicted = [d["label"] for d in decoded]
+        gold = [str(e.label) for e in examples]
+        positive = "1" if sorted(spec.labels) == ["0", "1"] else None
+        return cls_metrics.classification_metrics(predicted, gold, positive=positive), {}
+
+
+class NERAdapter:
+    """A tag per word (CoNLL-2003 IOB1/IOB2, WNUT-17); evaluated at entity level as conlleval does."""
+
+    def __init__(self, settings, tokenizer: Tokenizer):
+        self.settings = settings
+        self.tokenizer = tokenizer
+
+    def read(self, path: Path, limit: int | None, seed: int | None) -> list[readers.NERExample]:
+        return _subsample(readers.read_conll(path), limit, seed)
+
+    def spec(self, train: list[readers.NERExample]) -> TaskSpec:
+        s = self.settings
+        labels = s.labels or ner.ner_label_list(e.tags for e in train)
+        return TaskSpec(task="ner", labels=labels, max_seq_length=s.effective_max_seq_length(),
+                        doc_stride=s.effective_doc_stride())
+
+    def features(self, examples, spec: TaskSpec, training: bool) -> list[Feature]:
+        label_set = classification.LabelSet(spec.labels)
+        out = []
+        for ex in examples:
+            words = ner.encode_words(self.tokenizer, ex.tokens, max_length=spec.max_seq_length)
+            tags = [t if t in label_set else "O" for t in ex.tags]  # a dev-only type cannot be learned
+            labels = ner.align_labels(words, tags, labels=label_set)
+            out.append(Feature(words.encoded.input_ids, words.encoded.token_type_ids, {"labels": labels}))
+        return out
+
+    def evaluate(self, model, examples, spec: TaskSpec) -> tuple[dict[str, float], dict]:
+        words = [ner.encode_words(self.tokenizer, ex.tokens, max_length=spec.max_seq_length) for ex in examples]
+        logits = predict(model, [w.encoded for w in words], ["logits"], per_token=True, device=_device(model))["logits"]
+        predicted = [ner.decode_word_tags(w, lg, spec.labels) for w, lg in zip(words, logits)]
+        result = ner_metrics.conlleval([ex.tags for ex in examples], predicted)
+        flat = {k: float(v) for k, v in result.items() if isinstance(v, int | float)}
+        for entity_type, figures in result.get("per_type", {}).items():
+            flat[f"{entity_type}_f1"] = float(figures["f1"])
+        return flat, {}
+
+
+class QAAdapter:
+    """SQuAD v1.1 / v2.0 spans over doc-stride windows; official EM/F1 (and the v2 best threshold)."""
+
+    def __init__(self, settings, tokenizer: Tokenizer):
+        self.settings = settings
+        self.tokenizer = tokenizer
+        self.has_impossible = False
+
+    def read(self, path: Path, limit: int | None, seed: int | None) -> list[qa.QAExample]:
+        examples = _subsample(qa.read_squad(path), limit, seed)
+        self.has_impossible = self.has_impossible or any(e.is_impossible for e in examples)
+        return examples
+
+    def spec(self, train: list[qa.QAExample]) -> TaskSpec:
+        s = self.settings
+        v2 = s.version_2_with_negative if s.version_2_with_negative is not None else any(e.is_impossible for e in train)
+        return TaskSpec(task="qa", max_seq_length=s.effective_max_seq_length(), doc_stride=s.effective_doc_stride(),
+                        max_query_length=s.max_query_length, version_2_with_negative=v2)
+
+    def _windows(self, ex: qa.QAExample, spec: TaskSpec) -> list[qa.QAWindow]:
+        return qa.make_windows(self.tokenizer, ex.question, ex.context, spec.max_seq_length, spec.doc_stride,
+                               spec.max_query_length)
+
+    def features(self, examples, spec: TaskSpec, training: bool) -> list[Feature]:
+        out = []
+        for ex in examples:
+            text, start = ex.answers[0] if ex.answers else (None, None)
+            for window in self._windows(ex, spec):
+                # A window without the answer points at [CLS], as in BERT's and Hugging Face's recipes.
+                s, e = qa.label_window(window, start, text)
+                out.append(Feature(window.input_ids, window.token_type_ids,
+                                   {"start_positions": s, "end_positions": e}))
+        return out
+
+    def evaluate(self, model, examples, spec: TaskSpec) -> tuple[dict[str, float], dict]:
+        windows = [self._windows(ex, spec) for ex in examples]
+        flat = [w for ws in windows for w in ws]
+        out = predict(model, flat, ["start_logits", "end_logits"], per_token=True, device=_device(model))
+        predictions: dict[str, str] = {}
+        na_scores: dict[str, float] = {}
+        position = 0
+        for ex, ws in zip(examples, windows):
+            span = slice(position, position + len(ws))
+            position += len(ws)
+            best = qa.decode_answers(ws, out["start_logits"][span], out["end_logits"][span])[0]
+            predictions[ex.id] = best.answer
+            na_scores[ex.id] = best.null_score_diff if best.null_score_diff is not None else float("inf")
+        if not spec.version_2_with_negative:
+            return qa_metrics.evaluate_squad(examples, predictions), {}
+        result = qa_metrics.evaluate_squad(examples, predictions, na_scores=na_scores)
+        threshold = float(result.get("best_f1_thresh", 0.0))
+        # Report exact/f1 at the chosen threshold (what the saved model will do when served).
+        chosen = {qid: ("" if na_scores[qid] > threshold else text) for qid, text in predictions.items()}
+        at_threshold = qa_metrics.evaluate_squad(examples, chosen)
+        result.update({k: v for k, v in at_threshold.items() if k != "best_exact"})
+        return result, {"null_score_diff_threshold": threshold}
+
+
+def _device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+ADAPTERS = {"classification": ClassificationAdapter, "pair": ClassificationAdapter, "ner": NERAdapter,
+            "qa": QAAdapter}
+
+
+def adapter_for(settings, tokenizer: Tokenizer):
+    return ADAPTERS[settings.task](settings, tokenizer)
