@@ -1,0 +1,223 @@
+"""Fine-tuned folder -> bundle: export, optimize, convert precision, pass the parity gate, write the manifest.
+
+The bundle is built in a scratch folder beside `out` and moved into place only when every step
+passed, so a failed export never leaves a half bundle where the service would look.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Literal
+
+import onnxruntime
+
+from export import onnx_export, optimize, parity
+from export.precision import to_fp16, to_int8
+from tasks.bundle import (
+    MODEL_FILE,
+    PRECISION_PROVIDERS,
+    TOKENIZER_FILE,
+    Bundle,
+    file_sha256,
+    load_bundle,
+    write_manifest,
+)
+from tasks.onnx_session import CPU, CUDA, create_session
+from tasks.spec import OUTPUT_NAMES
+from tasks.tokenizer import load_tokenizer
+
+log = logging.getLogger(__name__)
+
+Optimize = Literal["auto", "always", "never"]
+
+
+def export_bundle(
+    checkpoint: str | Path,
+    out: str | Path,
+    precision: str = "fp32",
+    *,
+    task: str | None = None,
+    optimize_graph: Optimize = "auto",
+    data_dir: str | Path | None = None,
+    parity_examples: int | None = None,
+    min_agreement: float = parity.MIN_AGREEMENT,
+    threads: int | None = None,
+    prefer_gpu: bool = True,
+    opset: int = onnx_export.OPSET,
+) -> Bundle:
+    """Export the fine-tuned `checkpoint` folder as a bundle in `out` (replaced if it exists).
+
+    - `precision`: fp32 (any provider), fp16 (for CUDA; keeps fp32 inputs/outputs), int8 (dynamic
+      quantization; CPU only).
+    - `optimize_graph`: `auto` runs ORT's offline BERT optimizer and keeps whichever graph (plain or
+      fused, in the target precision) runs faster here (measured); `always` / `never` force the choice.
+    - `data_dir`: the shared data sets for the parity slice (default ../shared/data if present,
+      else the shipped samples, else built-in sentences); `parity_examples` examples are checked
+      (default: `parity.DEFAULT_EXAMPLES` of the task),
+      and fp16/int8 must give the same task answer on `min_agreement` of them (the threshold used
+      is written into the manifest).
+    Raises `parity.ParityError` when the ONNX model disagrees with PyTorch beyond the threshold.
+    """
+    import torch
+
+    if precision not in PRECISION_PROVIDERS:
+        raise ValueError(f"precision must be one of {sorted(PRECISION_PROVIDERS)}, got {precision!r}")
+    if threads:
+        torch.set_num_threads(threads)
+    checkpoint, out = Path(checkpoint), Path(out)
+    model, spec, load_report = onnx_export.load_finetuned(checkpoint, task)
+    if load_report.fresh or load_report.resized:
+        log.warning("%s: weights not in the checkpoint were initialized fresh (%s); "
+                    "the bundle will not answer as a trained model", checkpoint, load_report)
+    config = model.config
+    data_dir = Path(data_dir) if data_dir else parity.default_data_dir()
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}-", dir=out.parent) as scratch_name:
+        scratch = Path(scratch_name)
+        plain = onnx_export.export_onnx(model, spec.task, scratch / "plain.onnx", opset)
+        log.info("exported %s (%s) to ONNX opset %d", checkpoint, spec.task, opset)
+        built, optimization = _build_model_file(
+            plain, scratch, config, optimize_graph, precision, threads or 0, prefer_gpu
+        )
+        final = scratch / "bundle"
+        final.mkdir()
+        model_path = final / MODEL_FILE
+        shutil.move(str(built), str(model_path))
+        _write_tokenizer(checkpoint, final / TOKENIZER_FILE)
+
+        tokenizer = load_tokenizer(final / TOKENIZER_FILE)
+        examples, source = parity.parity_slice(
+            spec, tokenizer, data_dir, parity_examples or parity.DEFAULT_EXAMPLES[spec.task])
+        reference = parity.torch_runner(model, OUTPUT_NAMES[spec.task])
+        reports = []
+        for provider in _providers_to_validate(precision, prefer_gpu):
+            session, used = create_session(model_path, precision, threads or 0, prefer_gpu=provider == CUDA)
+            report = parity.check_parity(spec, examples, reference, parity.onnx_runner(session, OUTPUT_NAMES[spec.task]),
+                                         precision, used, source, min_agreement=min_agreement)
+            log.info("%s", parity.format_report(report))
+            reports.append(report)
+        parity_figures = {**reports[0], "providers": [r["provider"] for r in reports]}
+        if len(reports) > 1:
+            parity_figures["by_provider"] = reports
+
+        inputs, outputs = onnx_export.graph_io(model_path)
+        manifest = _manifest(spec, config, precision, opset, inputs, outputs, checkpoint, parity_figures,
+                             optimization, validated=[r["provider"] for r in reports], out_name=out.name)
+        write_manifest(final, manifest)
+        if out.exists():
+            shutil.rmtree(out)
+        shutil.move(str(final), str(out))
+    bundle = load_bundle(out)
+    log.info("bundle %s: %s %s, parity %s", out, spec.task, precision, "passed" if bundle.parity["passed"] else "failed")
+    return bundle
+
+
+CONVERTERS = {"fp32": lambda source, target: Path(shutil.copyfile(source, target)), "fp16": to_fp16, "int8": to_int8}
+
+
+def _build_model_file(
+    plain: Path, scratch: Path, config: Any, mode: str, target_precision: str, threads: int, prefer_gpu: bool
+) -> tuple[Path, dict[str, Any]]:
+    """The model file in the target precision, from the plain or the offline-optimized graph, and the
+    manifest's "optimization" record saying which and why.
+
+    `auto` converts both graphs to the target precision and keeps the faster, timed on the provider
+    the bundle is for (the plain graph unless the fused one is clearly faster). fp16 is only timed
+    where CUDA is present: fp16 speed on a CPU says nothing about CUDA.
+    """
+    convert = CONVERTERS[target_precision]
+    if mode == "never":
+        return convert(plain, scratch / f"plain-{target_precision}.onnx"), {
+            "offline_optimizer": False, "fusions": {}, "chosen_because": "offline optimization not requested"}
+    fused = scratch / "optimized.onnx"
+    fusions = optimize.optimize_bert(plain, fused, config.num_attention_heads, config.hidden_size)
+    record: dict[str, Any] = {"fusions": fusions}
+    if mode == "always":
+        return convert(fused, scratch / f"optimized-{target_precision}.onnx"), {
+            **record, "offline_optimizer": True, "chosen_because": "requested (--optimize always)"}
+    if target_precision == "fp16" and not (prefer_gpu and CUDA in onnxruntime.get_available_providers()):
+        # On CUDA the fused Attention / SkipLayerNorm kernels are what make fp16 fast (ORT's transformer
+        # guide converts the optimized graph).
+        return convert(fused, scratch / "optimized-fp16.onnx"), {
+            **record, "offline_optimizer": True,
+            "chosen_because": "fp16 targets CUDA, not present here to measure; converted the fused graph, as ORT recommends"}
+    candidates = {name: convert(path, scratch / f"{name}-{target_precision}.onnx")
+                  for name, path in (("plain", plain), ("optimized", fused))}
+    feeds = optimize.synthetic_batch(8, 128, config.vocab_size)
+    winner, timing = optimize.fastest_graph(candidates, feeds, target_precision, threads, prefer_gpu)
+    seconds = timing["seconds_per_batch"]
+    ratio = seconds["plain"] / seconds["optimized"]
+    because = (f"{target_precision} measured on {timing['provider']} at batch 8 x 128: plain {seconds['plain'] * 1000:.1f} ms, "
+               f"optimized {seconds['optimized'] * 1000:.1f} ms per batch (optimized is {ratio:.2f}x as fast); "
+               f"kept the {winner} graph"
+               + ("" if winner == "optimized" else " (ORT's session-level optimizations already fuse much of it at load)"))
+    log.info("%s", because)
+    return candidates[winner], {**record, "offline_optimizer": winner == "optimized", "chosen_because": because,
+                                "timing": timing}
+
+
+def _providers_to_validate(target_precision: str, prefer_gpu: bool) -> list[str]:
+    """Where the gate runs: CUDA when present (not for int8), and the CPU (for fp16 only without CUDA)."""
+    available = onnxruntime.get_available_providers()
+    providers = [CUDA] if prefer_gpu and CUDA in available and target_precision != "int8" else []
+    if target_precision != "fp16" or not providers:
+        providers.append(CPU)
+    return providers
+
+
+def _write_tokenizer(checkpoint: Path, target: Path) -> None:
+    if (checkpoint / TOKENIZER_FILE).is_file():
+        shutil.copyfile(checkpoint / TOKENIZER_FILE, target)
+    else:  # a folder with vocab.txt only: save the tokenizer berth builds from it
+        load_tokenizer(checkpoint).save(str(target))
+
+
+def _weights_file(checkpoint: Path) -> Path | None:
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (checkpoint / name).is_file():
+            return checkpoint / name
+    return None
+
+
+def _manifest(spec, config, target_precision, opset, inputs, outputs, checkpoint, parity_figures, optimization,
+              validated, out_name) -> dict[str, Any]:
+    weights = _weights_file(checkpoint)
+    return {
+        "format_version": 1,
+        "name": out_name,
+        "task": spec.task,
+        "labels": spec.labels,
+        "problem_type": spec.problem_type,
+        "task_settings": {
+            "max_seq_length": spec.max_seq_length,
+            "doc_stride": spec.doc_stride,
+            "max_query_length": spec.max_query_length,
+            "version_2_with_negative": spec.version_2_with_negative,
+            "null_score_diff_threshold": spec.null_score_diff_threshold,
+        },
+        "precision": target_precision,
+        "execution_providers": PRECISION_PROVIDERS[target_precision],
+        "providers_validated": validated,
+        "opset": opset,
+        "inputs": inputs,
+        "outputs": outputs,
+        "source": {
+            "checkpoint": str(checkpoint.resolve()),
+            "weights_sha256": file_sha256(weights) if weights else None,
+            "dev_metrics": spec.dev_metrics,
+        },
+        "parity": parity_figures,
+        "optimization": optimization,
+        "model_config": {
+            "hidden_size": config.hidden_size,
+            "num_attention_heads": config.num_attention_heads,
+            "num_hidden_layers": config.num_hidden_layers,
+            "intermediate_size": config.intermediate_size,
+            "max_position_embeddings": config.max_position_embeddings,
+            "vocab_size": config.vocab_size,
+        },
+    }
