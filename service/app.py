@@ -1,0 +1,41 @@
+"""The app factory: settings in, a FastAPI app out. Loads no torch (a serving image has none)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from berth import __version__
+from service.errors import install_error_handlers
+from service.middleware import RequestGuard
+from service.routes import probes, v1
+from service.runtime import Runtime
+from service.settings import ServiceSettings
+
+DESCRIPTION = """BERT heads served on ONNX Runtime with dynamic batching.
+
+Every /v1 inference route takes one input or a list (`inputs`) and answers `{"model", "results"}`, one
+result per input in input order. Errors are always `{"error", "error_type"}` with the matching status.
+Character offsets are Python str indices into the caller's own string. Timing headers: `x-total-time`,
+`x-tokenization-time`, `x-queue-time`, `x-inference-time` (milliseconds)."""
+
+
+def create_app(settings: ServiceSettings | None = None, runtime: Runtime | None = None) -> FastAPI:
+    settings = settings or ServiceSettings.from_env()
+    runtime = runtime or Runtime(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await runtime.start()
+        yield
+        await runtime.stop()
+
+    app = FastAPI(title="berth", version=__version__, description=DESCRIPTION, lifespan=lifespan)
+    app.state.runtime = runtime
+    install_error_handlers(app)
+    app.include_router(v1)
+    app.include_router(probes)
+    app.add_middleware(RequestGuard, metrics=runtime.metrics, max_body_bytes=settings.max_body_bytes)
+    return app

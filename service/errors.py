@@ -1,0 +1,135 @@
+"""One error type, one status mapping, one JSON shape.
+
+Every error the service returns is `{"error": "<human-readable message>", "error_type": "<type>"}`
+(plus `detail` for field-level validation errors), whatever raised it: our own checks, pydantic,
+Starlette routing, or an unexpected exception (500, logged with its traceback, never shown).
+"""
+
+from __future__ import annotations
+
+import logging
+from enum import StrEnum
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("berth.service")
+
+
+class ErrorType(StrEnum):
+    VALIDATION = "validation"
+    NOT_FOUND = "not_found"
+    TOO_LARGE = "too_large"
+    OVERLOADED = "overloaded"
+    TIMEOUT = "timeout"
+    UNAUTHORIZED = "unauthorized"
+    INTERNAL = "internal"
+
+
+STATUS_CODES: dict[ErrorType, int] = {
+    ErrorType.VALIDATION: 422,
+    ErrorType.NOT_FOUND: 404,
+    ErrorType.TOO_LARGE: 413,
+    ErrorType.OVERLOADED: 429,  # 503 while starting or shutting down (ServiceError.status overrides)
+    ErrorType.TIMEOUT: 504,
+    ErrorType.UNAUTHORIZED: 401,
+    ErrorType.INTERNAL: 500,
+}
+
+
+class ServiceError(Exception):
+    """An error answered to the client. `status` overrides the type's default code (429 vs 503)."""
+
+    def __init__(
+        self,
+        error_type: ErrorType,
+        message: str,
+        *,
+        status: int | None = None,
+        retry_after: int | None = None,
+        detail: list[dict[str, Any]] | None = None,
+    ):
+        super().__init__(message)
+        self.error_type = error_type
+        self.message = message
+        self.status = status or STATUS_CODES[error_type]
+        self.retry_after = retry_after
+        self.detail = detail
+
+    def body(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"error": self.message, "error_type": self.error_type.value}
+        if self.detail:
+            out["detail"] = self.detail
+        return out
+
+    def headers(self) -> dict[str, str]:
+        headers = {}
+        if self.retry_after is not None:
+            headers["Retry-After"] = str(self.retry_after)
+        if self.error_type is ErrorType.UNAUTHORIZED:
+            headers["WWW-Authenticate"] = "Bearer"
+        return headers
+
+
+def error_response(error: ServiceError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers())
+
+
+def _is_union_tag(part: Any) -> bool:
+    """Pydantic names the union member it tried in `loc` ("str", "list[TextPair]"); callers never wrote those."""
+    return isinstance(part, str) and ("[" in part or part[:1].isupper() or part in ("str", "int", "float", "bool"))
+
+
+def _clean_validation_detail(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Pydantic's error list without the offending input values (they may be huge, or private) and
+    without union member tags; the most specific (deepest) problem first."""
+    cleaned = [{"loc": [p for p in e.get("loc", ()) if not _is_union_tag(p)], "msg": str(e.get("msg", "")),
+                "type": str(e.get("type", ""))} for e in errors[:20]]
+    return sorted(cleaned, key=lambda e: -len(e["loc"]))
+
+
+def validation_message(detail: list[dict[str, Any]]) -> str:
+    if not detail:
+        return "invalid request"
+    first = detail[0]
+    where = ".".join(str(part) for part in first["loc"] if part != "body") or "body"
+    more = f" (and {len(detail) - 1} more problems)" if len(detail) > 1 else ""
+    return f"{where}: {first['msg']}{more}"
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ServiceError)
+    async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        detail = _clean_validation_detail(list(exc.errors()))
+        message = validation_message(detail)
+        content_type = request.headers.get("content-type", "")
+        if request.method == "POST" and "json" not in content_type:
+            message = f"send the body as JSON with Content-Type: application/json (got {content_type!r}); {message}"
+        return error_response(ServiceError(ErrorType.VALIDATION, message, detail=detail))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            error = ServiceError(ErrorType.NOT_FOUND, f"no route {request.url.path}")
+        elif exc.status_code == 405:
+            error = ServiceError(ErrorType.VALIDATION, f"method {request.method} not allowed on {request.url.path}",
+                                 status=405)
+        elif exc.status_code == 413:
+            error = ServiceError(ErrorType.TOO_LARGE, str(exc.detail))
+        elif exc.status_code < 500:
+            error = ServiceError(ErrorType.VALIDATION, str(exc.detail), status=exc.status_code)
+        else:
+            error = ServiceError(ErrorType.INTERNAL, "internal error", status=exc.status_code)
+        return error_response(error)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return error_response(ServiceError(ErrorType.INTERNAL, "internal error; see the server log"))

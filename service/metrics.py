@@ -1,0 +1,72 @@
+"""Prometheus metrics of the service, in one registry per app (so tests can build many apps).
+
+Names follow the guide: `berth_` prefix, base units, `_total` counters, `_seconds` histograms, and
+labels with bounded values only (model names come from the repository, never from the request;
+route templates, status codes, fixed reasons). docs/SERVICE.md has the table of names and meanings.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0)
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+BATCH_TOKEN_BUCKETS = (16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+
+DROP_REASONS = ("cancelled", "expired", "shutdown")  # an admitted item not computed
+REJECT_REASONS = ("queue_full", "not_accepting", "too_large")  # an item refused at admission
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "berth_requests", "HTTP requests answered, by route template, model and status code",
+            ["route", "model", "status"], registry=r)
+        self.request_duration = Histogram(
+            "berth_request_duration_seconds", "Time from request received to response ready",
+            ["route", "model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.request_inputs = Counter(
+            "berth_request_inputs", "Inputs (texts, pairs, questions) received in accepted requests",
+            ["route", "model"], registry=r)
+        self.queue_wait = Histogram(
+            "berth_queue_wait_seconds", "Time an item waited in the queue before its forward pass began",
+            ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.inference_duration = Histogram(
+            "berth_inference_duration_seconds", "Duration of one forward pass (one padded batch)",
+            ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.batch_size = Histogram(
+            "berth_batch_size", "Items (sequences) in one forward pass",
+            ["model"], buckets=BATCH_SIZE_BUCKETS, registry=r)
+        self.batch_tokens = Histogram(
+            "berth_batch_tokens", "Padded tokens (batch size x bucket length) in one forward pass",
+            ["model"], buckets=BATCH_TOKEN_BUCKETS, registry=r)
+        self.items_inferred = Counter(
+            "berth_items_inferred", "Items computed by the model", ["model"], registry=r)
+        self.queue_depth = Gauge(
+            "berth_queue_depth", "Items waiting in the queue (not yet in a forward pass)", ["model"], registry=r)
+        self.items_dropped = Counter(
+            "berth_items_dropped", "Admitted items dropped before their forward pass, by reason",
+            ["model", "reason"], registry=r)
+        self.items_rejected = Counter(
+            "berth_items_rejected", "Items refused at admission, by reason", ["model", "reason"], registry=r)
+        self.model_info = Gauge(
+            "berth_model_info", "Served models (value 1) with their task, precision and execution provider",
+            ["model", "task", "precision", "provider"], registry=r)
+        self.model_ready = Gauge(
+            "berth_model_ready", "1 when the model is loaded and warmed up", ["model"], registry=r)
+
+    def register_model(self, model: str, task: str, precision: str, provider: str) -> None:
+        self.model_info.labels(model, task, precision, provider).set(1)
+        self.queue_depth.labels(model).set(0)
+        for reason in DROP_REASONS:
+            self.items_dropped.labels(model, reason)
+        for reason in REJECT_REASONS:
+            self.items_rejected.labels(model, reason)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

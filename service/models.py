@@ -1,0 +1,211 @@
+"""The model repository: a folder of bundles, each checked, given an ONNX Runtime session, a batcher
+and a warm-up, then served.
+
+Bundles are verified with the shared loader (`tasks.bundle.load_bundle`: manifest, format version,
+sha256 of every file) before anything else happens, so a bad repository fails at start with the
+file and the reason. Sessions come from the shared factory (`tasks.onnx_session.create_session`):
+CUDA when present and fit for the bundle's precision, else the CPU with the configured intra-op threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from service.batcher import Batcher, BatchPolicy, clip_buckets
+from service.errors import ErrorType, ServiceError
+from service.metrics import Metrics
+from service.settings import ServiceSettings
+from tasks.bundle import Bundle, BundleError, find_bundles, load_bundle
+from tasks.onnx_session import CUDA, create_session
+from tasks.spec import OUTPUT_NAMES, TaskSpec
+from tasks.tokenizer import CLS, SEP, UNK, EncodedInput, load_tokenizer
+
+log = logging.getLogger("berth.service.models")
+
+# The route that serves each task; a task without a route (fill-mask) is not loaded.
+ROUTES: dict[str, str] = {"classification": "/v1/classify", "pair": "/v1/pair", "ner": "/v1/ner", "qa": "/v1/qa"}
+PER_TOKEN_TASKS = ("ner", "qa")
+
+
+class RepositoryError(RuntimeError):
+    """The model repository cannot be served as configured (no bundles, a named one missing, a bad bundle)."""
+
+
+class OnnxEngine:
+    """One ONNX Runtime session: padded int64 feeds in, float32 outputs by name out.
+
+    On CUDA it runs with I/O binding: inputs are copied to the device once and outputs are fetched
+    once, instead of ORT staging every tensor through its own host buffers on each call.
+    """
+
+    def __init__(self, bundle: Bundle, intra_op_threads: int, prefer_gpu: bool, allow_spinning: bool = False):
+        self.session, self.provider = create_session(bundle.model_path, bundle.precision, intra_op_threads, prefer_gpu,
+                                                     allow_spinning=allow_spinning)
+        self.input_names = [node.name for node in self.session.get_inputs()]
+        self.output_names = list(OUTPUT_NAMES[bundle.task])
+        self.io_binding = self.provider == CUDA
+
+    def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        feeds = {name: feeds[name] for name in self.input_names}
+        if self.io_binding:
+            binding = self.session.io_binding()
+            for name, value in feeds.items():
+                binding.bind_cpu_input(name, value)
+            for name in self.output_names:
+                binding.bind_output(name, "cuda")
+            self.session.run_with_iobinding(binding)
+            values = binding.copy_outputs_to_cpu()
+        else:
+            values = self.session.run(self.output_names, feeds)
+        return dict(zip(self.output_names, values))
+
+
+@dataclass
+class ServedModel:
+    name: str
+    bundle: Bundle
+    spec: TaskSpec
+    tokenizer: Tokenizer
+    engine: OnnxEngine | None = None
+    batcher: Batcher | None = None
+    ready: bool = False
+    load_seconds: float = 0.0
+    warmup_shapes: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def task(self) -> str:
+        return self.spec.task
+
+    @property
+    def provider(self) -> str:
+        return self.engine.provider if self.engine else "none"
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "task": self.task,
+            "route": ROUTES[self.task],
+            "labels": self.spec.labels,
+            "problem_type": self.spec.problem_type,
+            "max_seq_length": self.spec.max_seq_length,
+            "precision": self.bundle.precision,
+            "execution_provider": self.provider,
+            "length_buckets": self.batcher.policy.buckets if self.batcher else [],
+            "version_2_with_negative": self.spec.version_2_with_negative if self.task == "qa" else None,
+            "ready": self.ready,
+        }
+
+
+def discover(settings: ServiceSettings) -> list[Bundle]:
+    """The bundles to serve, verified (hashes included). Raises RepositoryError naming the problem."""
+    repository = Path(settings.models)
+    if not repository.is_dir():
+        raise RepositoryError(f"model repository {repository} is not a folder")
+    folders = find_bundles(repository)
+    if settings.model_names:
+        by_name = {folder.name: folder for folder in folders}
+        missing = [name for name in settings.model_names if name not in by_name]
+        if missing:
+            raise RepositoryError(f"model(s) {missing} not found in {repository}; it holds {sorted(by_name)}")
+        folders = [by_name[name] for name in settings.model_names]
+    bundles = []
+    for folder in folders:
+        try:
+            bundle = load_bundle(folder, verify_hashes=True)
+        except BundleError as error:
+            raise RepositoryError(f"bundle {folder.name}: {error}") from error
+        if bundle.task not in ROUTES:
+            log.warning("bundle %s: task %s has no route in this service; not served", folder.name, bundle.task)
+            continue
+        bundles.append(bundle)
+    if not bundles:
+        raise RepositoryError(f"no servable bundle (a sub-folder with bundle.json) in {repository}")
+    return bundles
+
+
+def load_model(bundle: Bundle, settings: ServiceSettings, metrics: Metrics) -> ServedModel:
+    """Session, tokenizer and batcher for one verified bundle; warmed up when settings say so."""
+    started = time.perf_counter()
+    name = bundle.path.name  # the folder name is the model name
+    spec = bundle.spec()
+    engine = OnnxEngine(bundle, settings.intra_op_threads, prefer_gpu=settings.device != "cpu",
+                        allow_spinning=settings.ort_spinning)
+    if settings.device == "cuda" and engine.provider != CUDA and bundle.precision != "int8":
+        raise RepositoryError(f"bundle {name}: device cuda was asked for, but the session runs on {engine.provider} "
+                              "(is onnxruntime-gpu installed, and a GPU visible?)")
+    policy = BatchPolicy(
+        buckets=clip_buckets(settings.length_buckets, spec.max_seq_length),
+        max_batch_size=settings.max_batch_size,
+        max_batch_tokens=settings.max_batch_tokens,
+        max_wait_s=settings.max_wait_ms / 1000,
+        max_queue_items=settings.max_queue_items,
+        min_retry_after_s=settings.retry_after_s,
+    )
+    if spec.max_seq_length > settings.max_batch_tokens:
+        raise RepositoryError(f"bundle {name}: max_seq_length {spec.max_seq_length} exceeds max_batch_tokens "
+                              f"{settings.max_batch_tokens}; a full-length input could never run")
+    batcher = Batcher(name, engine, policy, metrics, per_token=spec.task in PER_TOKEN_TASKS)
+    model = ServedModel(name, bundle, spec, load_tokenizer(bundle.tokenizer_path), engine, batcher)
+    metrics.register_model(name, spec.task, bundle.precision, engine.provider)
+    if settings.warmup:
+        model.warmup_shapes = warm_up(model)
+    model.load_seconds = time.perf_counter() - started
+    return model
+
+
+def warm_up(model: ServedModel) -> list[tuple[int, int]]:
+    """Run every length bucket once at its largest batch (largest first, so the memory arena grows
+    once to its peak) and once at batch 1: later traffic meets no new shape and no new allocation."""
+    assert model.batcher is not None
+    policy = model.batcher.policy
+    cls_id, sep_id = model.tokenizer.token_to_id(CLS), model.tokenizer.token_to_id(SEP)
+    filler = model.tokenizer.token_to_id(UNK)
+    shapes = []
+    for bucket in sorted(policy.buckets, reverse=True):
+        largest = max(1, min(policy.max_batch_size, policy.max_batch_tokens // bucket))
+        for batch in sorted({largest, 1}, reverse=True):
+            item = EncodedInput([cls_id] + [filler] * (bucket - 2) + [sep_id], [0] * bucket, [(0, 0)] * bucket,
+                                [None] * bucket, [None] * bucket, False)
+            model.batcher.run_now([item] * batch)
+            shapes.append((batch, bucket))
+    return shapes
+
+
+def resolve_model(bundles: dict[str, Bundle], models: dict[str, ServedModel], name: str | None,
+                  task: str) -> ServedModel:
+    """The model a request names, or the route's default: the first model of the route's task by name.
+
+    `bundles` are all the bundles being served, `models` those loaded so far. 404 for an unknown
+    name, 422 naming the right route for a model of another task, 503 while it is still loading.
+    """
+    if name is None:
+        candidates = sorted(n for n, b in bundles.items() if b.task == task)
+        if not candidates:
+            raise ServiceError(ErrorType.NOT_FOUND, f"no {task} model is served here; served models: "
+                               f"{_listing(bundles)}")
+        name = candidates[0]
+    bundle = bundles.get(name)
+    if bundle is None:
+        raise ServiceError(ErrorType.NOT_FOUND, f"unknown model {_shorten(name)!r}; served models: {_listing(bundles)}")
+    if bundle.task != task:
+        raise ServiceError(ErrorType.VALIDATION, f"model {name!r} is a {bundle.task} model; "
+                           f"use POST {ROUTES[bundle.task]} (this route serves {task} models)")
+    model = models.get(name)
+    if model is None or not model.ready:
+        raise ServiceError(ErrorType.OVERLOADED, f"model {name!r} is loading", status=503, retry_after=1)
+    return model
+
+
+def _listing(bundles: dict[str, Bundle]) -> str:
+    return ", ".join(f"{n} ({b.task})" for n, b in sorted(bundles.items())) or "none"
+
+
+def _shorten(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"

@@ -1,0 +1,114 @@
+"""The HTTP routes: /v1 inference and model listing (behind the optional API key), probes, metrics."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import JSONResponse
+
+from service.errors import ErrorType, ServiceError
+from service.handlers import HANDLERS
+from service.inference import infer
+from service.metrics import CONTENT_TYPE
+from service.runtime import Phase, Runtime
+from service.schemas import (
+    ERROR_RESPONSES,
+    OFFSETS_NOTE,
+    ClassifyRequest,
+    ClassifyResponse,
+    NERRequest,
+    NERResponse,
+    PairRequest,
+    QARequest,
+    QAResponse,
+)
+
+
+async def get_runtime(request: Request) -> Runtime:  # async: FastAPI would run a plain def in a thread
+    return request.app.state.runtime
+
+
+RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
+
+
+async def require_api_key(request: Request, runtime: RuntimeDep) -> None:
+    """`Authorization: Bearer <key>` on the /v1 routes when an API key is configured."""
+    key = runtime.settings.api_key
+    if key is None:
+        return
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), key.get_secret_value().encode()):
+        raise ServiceError(ErrorType.UNAUTHORIZED, "missing or wrong API key (send Authorization: Bearer <key>)")
+
+
+v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES)
+
+
+@v1.post("/classify", response_model=ClassifyResponse, summary="Single-text classification (or regression)")
+async def classify(body: ClassifyRequest, request: Request, runtime: RuntimeDep) -> Response:
+    """One result per input, in input order: `{label, score, truncated}`; with `top_k` the ranked list."""
+    return await infer(request, runtime, HANDLERS["classification"], body)
+
+
+@v1.post("/pair", response_model=ClassifyResponse, summary="Sentence-pair classification or regression")
+async def pair(body: PairRequest, request: Request, runtime: RuntimeDep) -> Response:
+    """`{label, score, truncated}` per pair (regression models: `{score, truncated}`)."""
+    return await infer(request, runtime, HANDLERS["pair"], body)
+
+
+@v1.post("/ner", response_model=NERResponse, summary="Named entities with character offsets")
+async def named_entities(body: NERRequest, request: Request, runtime: RuntimeDep) -> Response:
+    return await infer(request, runtime, HANDLERS["ner"], body)
+
+
+named_entities.__doc__ = "A list of `{entity, text, start, end, score}` per input. " + OFFSETS_NOTE
+
+
+@v1.post("/qa", response_model=QAResponse, summary="Extractive question answering over contexts of any length")
+async def question_answering(body: QARequest, request: Request, runtime: RuntimeDep) -> Response:
+    return await infer(request, runtime, HANDLERS["qa"], body)
+
+
+question_answering.__doc__ = ("`{answer, start, end, score, is_impossible}` per question (a ranked list with "
+                              "top_k > 1), the best over all windows of the context. " + OFFSETS_NOTE)
+
+
+@v1.get("/models", summary="The served models")
+async def list_models(runtime: RuntimeDep) -> dict:
+    described = []
+    for name, bundle in sorted(runtime.bundles.items()):
+        model = runtime.models.get(name)
+        if model is not None:
+            described.append(model.describe())
+        else:
+            spec = bundle.spec()
+            described.append({"name": name, "task": bundle.task, "labels": spec.labels,
+                              "max_seq_length": spec.max_seq_length, "precision": bundle.precision,
+                              "execution_provider": None, "ready": False})
+    return {"models": described, "phase": runtime.phase.value}
+
+
+probes = APIRouter()
+
+
+@probes.get("/healthz", summary="Liveness: the process answers (503 only when loading the models failed)")
+async def healthz(runtime: RuntimeDep) -> JSONResponse:
+    if runtime.phase is Phase.FAILED:
+        return JSONResponse({"status": "failed", "error": runtime.failure}, status_code=503)
+    return JSONResponse({"status": "alive", "phase": runtime.phase.value})
+
+
+@probes.get("/readyz", summary="Readiness: every model loaded and warmed up, and not shutting down")
+async def readyz(runtime: RuntimeDep) -> JSONResponse:
+    models = {name: name in runtime.models and runtime.models[name].ready for name in runtime.bundles}
+    if runtime.ready:
+        return JSONResponse({"status": "ready", "models": models})
+    return JSONResponse({"status": runtime.phase.value, "models": models}, status_code=503,
+                        headers={"Retry-After": str(runtime.settings.retry_after_s)})
+
+
+@probes.get("/metrics", summary="Prometheus metrics")
+async def metrics(runtime: RuntimeDep) -> Response:
+    return Response(runtime.metrics.exposition(), media_type=CONTENT_TYPE)

@@ -1,0 +1,143 @@
+"""Request and response bodies of the /v1 routes, with the examples shown in /docs.
+
+`inputs` is one input or a list of them; the response always holds a list of results, one per
+input, in input order. All character offsets (`start`, `end`) are Python str indices (Unicode code
+points) into the caller's own string, end exclusive: `text[start:end] == entity text` and
+`context[start:end] == answer`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+OFFSETS_NOTE = ("Offsets are Python str indices (code points) into the caller's original string, end exclusive: "
+                "text[start:end] is the span's text.")
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = Field(None, description="bundle name (see GET /v1/models); default: the first model of "
+                                                "this route's task, by name")
+
+
+class ClassifyRequest(_Request):
+    inputs: str | list[str] = Field(description="a text or a list of texts")
+    top_k: int | None = Field(None, ge=1, le=1000, description="return the k best labels, ranked, per input")
+    truncate: bool = Field(True, description="cut inputs longer than the model's max_seq_length (the result says "
+                                             "\"truncated\": true); false: such an input is refused with 413")
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"inputs": "A charming and often affecting journey."},
+        {"inputs": ["Unflinchingly bleak and desperate.", "A gorgeous, witty, seductive movie."], "top_k": 2},
+    ]})
+
+
+class TextPair(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    text: str
+    text_pair: str
+
+
+class PairRequest(_Request):
+    inputs: TextPair | list[TextPair] = Field(description="a {text, text_pair} object or a list of them")
+    top_k: int | None = Field(None, ge=1, le=1000, description="return the k best labels, ranked, per input")
+    truncate: bool = Field(True, description="cut pairs longer than max_seq_length (longest text first); "
+                                             "false: refuse them with 413")
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"inputs": {"text": "The cat sat on the mat.", "text_pair": "A cat was sitting on a mat."}},
+    ]})
+
+
+class NERRequest(_Request):
+    inputs: str | list[str] = Field(description="a text or a list of texts, of any length up to the character "
+                                                "limit: long texts are read in overlapping windows")
+    aggregation: Literal["simple", "first", "average", "max", "none"] = Field(
+        "simple", description="how tokens become entities (as transformers' TokenClassificationPipeline); "
+                              "none: one result per token with its raw tag")
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"inputs": "Peter Blackburn met officials of the World Health Organization in Geneva."},
+    ]})
+
+
+class QAInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    question: str
+    context: str
+
+
+class QARequest(_Request):
+    inputs: QAInput | list[QAInput] = Field(description="a {question, context} object or a list of them; "
+                                                        "long contexts are read in doc-stride windows")
+    top_k: int = Field(1, ge=1, le=20, description="answers per question; above 1 each result is a ranked list")
+    max_answer_length: int = Field(30, ge=1, le=512, description="longest answer, in tokens")
+    handle_impossible: bool | None = Field(
+        None, description="allow the empty answer (is_impossible); default: whether the model was trained on "
+                          "SQuAD v2.0")
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"inputs": {"question": "Where is Normandy?",
+                    "context": "The Normans gave their name to Normandy, a region in France."}},
+    ]})
+
+
+class Label(BaseModel):
+    label: str | None = None
+    score: float
+    truncated: bool = False
+
+
+class Entity(BaseModel):
+    entity: str = Field(description="entity type (the raw tag with aggregation none)")
+    text: str
+    start: int = Field(description=OFFSETS_NOTE)
+    end: int
+    score: float
+
+
+class Answer(BaseModel):
+    answer: str
+    start: int = Field(description=OFFSETS_NOTE)
+    end: int
+    score: float
+    is_impossible: bool
+
+
+class ClassifyResponse(BaseModel):
+    model: str
+    results: list[Label | list[Label]] = Field(
+        description="per input: {label, score, truncated}; with top_k a ranked list; regression: {score}")
+
+
+class NERResponse(BaseModel):
+    model: str
+    results: list[list[Entity]] = Field(description="per input: its entities in text order. " + OFFSETS_NOTE)
+
+
+class QAResponse(BaseModel):
+    model: str
+    results: list[Answer | list[Answer]] = Field(description="per input: the best answer; with top_k > 1 a ranked "
+                                                             "list. " + OFFSETS_NOTE)
+
+
+class ErrorBody(BaseModel):
+    error: str = Field(description="human-readable message")
+    error_type: Literal["validation", "not_found", "too_large", "overloaded", "timeout", "unauthorized", "internal"]
+    detail: list[dict[str, Any]] | None = Field(None, description="field-level problems (validation errors)")
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody, "description": "missing or wrong API key"},
+    404: {"model": ErrorBody, "description": "unknown model, or no model of this route's task"},
+    413: {"model": ErrorBody, "description": "body, input count, input length or (truncate false) tokens too large"},
+    422: {"model": ErrorBody, "description": "invalid body, or a model of another task (the message names its route)"},
+    429: {"model": ErrorBody, "description": "queue full; retry after the Retry-After header's seconds"},
+    503: {"model": ErrorBody, "description": "starting or shutting down; Retry-After"},
+    504: {"model": ErrorBody, "description": "not answered within the request timeout"},
+}

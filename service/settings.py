@@ -1,0 +1,112 @@
+"""The service's settings: one pydantic model, filled from `BERTH_*` environment variables and CLI flags.
+
+Every field has a default that works out of the box on a laptop; `berth serve` prints the effective
+values at start (the API key masked). A field `foo_bar` is read from `BERTH_FOO_BAR`; lists are
+comma-separated (`BERTH_MODEL_NAMES=sst2,squad`) or JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+ENV_PREFIX = "BERTH_"
+
+
+class ServiceSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    # -- what to serve, where
+    models: Path = Field(Path("models"), description="model repository: a folder of bundles (one sub-folder each)")
+    model_names: list[str] | None = Field(None, description="serve only these bundles (default: all of them)")
+    host: str = Field("127.0.0.1", description="interface to listen on")
+    port: int = Field(8000, ge=0, le=65535)
+
+    # -- dynamic batching (per model)
+    max_batch_size: int = Field(32, ge=1, description="most items (sequences) in one forward pass")
+    max_batch_tokens: int = Field(8192, ge=1, description="most padded tokens (items x bucket length) in one pass")
+    max_wait_ms: float = Field(2.0, ge=0, description="how long a batch waits for more items once it has one")
+    length_buckets: list[int] = Field(
+        [16, 32, 64, 128, 256, 384, 512],
+        description="sequence lengths a batch is padded to (clipped to each model's max_seq_length)",
+    )
+    max_queue_items: int = Field(2048, ge=1, description="items waiting per model; beyond, 429 + Retry-After")
+    retry_after_s: int = Field(1, ge=1, description="the least Retry-After (seconds) on 429/503")
+
+    # -- request limits
+    max_inputs_per_request: int = Field(256, ge=1, description="inputs in one request's list (else 413)")
+    max_chars_per_input: int = Field(100_000, ge=1, description="characters of one text/context (else 413)")
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="request body size (else 413)")
+    request_timeout_s: float = Field(30.0, gt=0, description="a request not answered by then gets 504")
+    tokenize_in_thread_chars: int = Field(
+        2000, ge=0, description="requests with more characters than this are tokenized off the event loop"
+    )
+
+    # -- security and logs
+    api_key: SecretStr | None = Field(None, description="when set, /v1 routes need `Authorization: Bearer <key>`")
+    log_json: bool = Field(False, description="one JSON object per log line")
+    log_level: str = Field("info")
+
+    # -- ONNX Runtime
+    intra_op_threads: int = Field(0, ge=0, description="threads per inference (0: ONNX Runtime's default, all cores)")
+    ort_spinning: bool = Field(
+        False, description="let idle ONNX Runtime threads busy-wait (faster only on cores nothing else needs)"
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="auto: CUDA when present and fit for the bundle's precision (never for int8), else CPU"
+    )
+    warmup: bool = Field(True, description="run every length bucket once before reporting ready")
+
+    # -- shutdown
+    shutdown_timeout_s: float = Field(20.0, ge=0, description="on SIGTERM, how long queued work may take to finish")
+
+    @field_validator("length_buckets")
+    @classmethod
+    def _sorted_buckets(cls, value: list[int]) -> list[int]:
+        if not value or min(value) < 1:
+            raise ValueError("length_buckets needs at least one positive length")
+        return sorted(set(value))
+
+    @field_validator("model_names", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: Any) -> Any:
+        return None if value in ("", [], ()) else value
+
+    @model_validator(mode="after")
+    def _budget_fits_a_sequence(self) -> ServiceSettings:
+        if self.max_batch_tokens < self.length_buckets[0]:
+            raise ValueError(f"max_batch_tokens={self.max_batch_tokens} is below the smallest length bucket")
+        return self
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> ServiceSettings:
+        """Defaults, then `BERTH_*` variables, then `overrides` (CLI flags; None means "not given")."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for name, field in cls.model_fields.items():
+            raw = environ.get(ENV_PREFIX + name.upper())
+            if raw is not None:
+                values[name] = _parse_env(raw, field.annotation)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    def describe(self) -> dict[str, Any]:
+        """The effective settings as plain JSON values, the API key masked."""
+        out = self.model_dump(mode="json")
+        out["api_key"] = "***" if self.api_key else None
+        return out
+
+
+def _parse_env(raw: str, annotation: Any) -> Any:
+    """Lists from JSON or comma-separated text; everything else is left to pydantic's coercion."""
+    if "list" in str(annotation):
+        raw = raw.strip()
+        if raw.startswith("["):
+            return json.loads(raw)
+        return [part.strip() for part in raw.split(",") if part.strip()]
+    return raw

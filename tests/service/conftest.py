@@ -1,0 +1,120 @@
+"""Service test fixtures: real bundles exported from the real checkpoint, and real `berth serve`
+processes on free loopback ports."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+API_KEY = "test-key-0123456789"
+# Small buckets and budgets keep warm-up and every test quick.
+BASE_ENV = {
+    "BERTH_LENGTH_BUCKETS": "16,32,64,128",
+    "BERTH_MAX_BATCH_TOKENS": "1024",
+    "BERTH_MAX_BATCH_SIZE": "16",
+    "BERTH_INTRA_OP_THREADS": "2",
+    "BERTH_DEVICE": "cpu",
+    "BERTH_MAX_INPUTS_PER_REQUEST": "64",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """`berth serve` in a subprocess, ready when /readyz says so."""
+
+    def __init__(self, repository: Path, log_path: Path, env: dict[str, str] | None = None, args: list[str] = ()):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        inherited = {k: v for k, v in os.environ.items() if not k.startswith("BERTH_")}  # no stray settings
+        full_env = {**inherited, **BASE_ENV, **(env or {}), "PYTHONUNBUFFERED": "1"}
+        command = [sys.executable, "-m", "berth.cli", "serve", "--models", str(repository),
+                   "--port", str(self.port), *args]
+        self._log = open(log_path, "wb")
+        self.process = subprocess.Popen(command, cwd=REPO, env=full_env, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout: float = 180) -> ServerProcess:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"berth serve exited with {self.process.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.25)
+        raise RuntimeError(f"berth serve not ready after {timeout} s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-5000:]
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+        return self.process.returncode
+
+
+@pytest.fixture(scope="session")
+def bundle_repository(tmp_path_factory) -> Path:
+    """A model repository of four fp32 bundles: sentiment (classification), similarity (pair
+    regression), entities (NER) and reader (QA), exported with the export package."""
+    import torch
+
+    from export.bundle_builder import export_bundle
+    from tests.service.models_for_tests import build_checkpoints
+
+    torch.set_num_threads(2)
+    reuse = os.environ.get("BERTH_TEST_REPOSITORY")  # while iterating: build once into this folder, reuse after
+    root = Path(reuse) if reuse else tmp_path_factory.mktemp("service-models")
+    repository = root / "repository"
+    if reuse and (repository / "reader" / "bundle.json").is_file():
+        return repository
+    checkpoints = build_checkpoints(root / "checkpoints")
+    for name, folder in checkpoints.items():
+        export_bundle(folder, repository / name, precision="fp32", optimize_graph="never", parity_examples=8,
+                      threads=2)
+    return repository
+
+
+@pytest.fixture(scope="session")
+def checkpoints(bundle_repository) -> dict[str, Path]:
+    folder = bundle_repository.parent / "checkpoints"
+    return {p.name: p for p in folder.iterdir() if p.is_dir()}
+
+
+@pytest.fixture(scope="session")
+def server(bundle_repository, tmp_path_factory):
+    """The main server: all four models, an API key."""
+    proc = ServerProcess(bundle_repository, tmp_path_factory.mktemp("logs") / "main.log",
+                         env={"BERTH_API_KEY": API_KEY})
+    try:
+        yield proc.wait_ready()
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="session")
+def client(server):
+    with httpx.Client(base_url=server.url, timeout=120, headers={"Authorization": f"Bearer {API_KEY}"}) as c:
+        yield c

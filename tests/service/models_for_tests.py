@@ -1,0 +1,162 @@
+"""Fine-tuned folders for the service tests, made from the real all-MiniLM-L6-v2 checkpoint in seconds.
+
+The encoder is the real pretrained one; only the heads are new. Classification and pair heads are
+seeded random. The NER and QA heads are fitted in closed loops of a few hundred steps on frozen
+encoder states of a handful of synthetic sentences (city names are locations; the year is the answer
+to "when"), so the long-text tests have something real to find: a city at the very end of a long
+text, a year near the end of a 5,000-word context.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+from torch import nn
+
+from tasks import qa
+from tasks.spec import TaskSpec
+from tasks.tokenizer import encode, load_tokenizer
+from training.checkpoint import default_base_path, load_pretrained, save_pretrained
+from training.model import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
+
+CITIES = ["Paris", "London", "Berlin", "Madrid", "Tokyo", "Lisbon", "Vienna", "Prague", "Oslo", "Dublin", "Cairo",
+          "Rome", "Zurich", "Toronto", "Chicago", "Sydney"]
+CITY_TEMPLATES = ["We flew to {} last week.", "{} is lovely in the spring.", "She was born in {} and moved away.",
+                  "The train from {} was late again.", "Prices in {} keep rising.", "They opened an office in {}.",
+                  "After the meeting we drove back to {}.", "The museum in {} was closed."]
+THINGS = ["museum", "library", "company", "school", "orchestra", "hospital", "club", "newspaper", "bank", "theatre"]
+WORDS = ("the a river house garden morning light quiet people walked slowly along road old market evening "
+         "stories children played near water village bread warm window small boat harbour wind trees green "
+         "field song long letter friend table kitchen coffee rain cold winter summer bright mountain path "
+         "forest stone bridge tower bell clock door street corner shop music teacher student book paper").split()
+NER_LABELS = ["O", "B-LOC", "I-LOC"]
+
+
+def filler(words: int, seed: int) -> str:
+    """Plain sentences without digits or names: text a location or year probe should not fire on."""
+    rng = random.Random(seed)
+    sentences, count = [], 0
+    while count < words:
+        n = rng.randint(8, 15)
+        sentence = " ".join(rng.choice(WORDS) for _ in range(n))
+        sentences.append(sentence[0].upper() + sentence[1:] + ".")
+        count += n
+    return " ".join(sentences)
+
+
+def _fit_linear(features: torch.Tensor, targets: torch.Tensor, layer: nn.Linear, steps: int = 200,
+                group: torch.Tensor | None = None) -> None:
+    """Fit `layer` on frozen features: per-row cross-entropy, or (QA) softmax over the rows of each group."""
+    torch.manual_seed(0)
+    fitted = nn.Linear(layer.in_features, layer.out_features)
+    optimizer = torch.optim.Adam(fitted.parameters(), lr=1e-2)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        logits = fitted(features)
+        if group is None:
+            loss = nn.functional.cross_entropy(logits, targets)
+        else:  # features (W*T, H) of W windows, targets (W, 2) start/end positions
+            per_window = logits.view(group.shape[0], -1, 2).masked_fill(~group[:, :, None], -1e4)
+            loss = (nn.functional.cross_entropy(per_window[:, :, 0], targets[:, 0])
+                    + nn.functional.cross_entropy(per_window[:, :, 1], targets[:, 1]))
+        loss.backward()
+        optimizer.step()
+    with torch.no_grad():
+        layer.weight.copy_(fitted.weight)
+        layer.bias.copy_(fitted.bias)
+
+
+@torch.no_grad()
+def _hidden(model, encoded_items) -> tuple[torch.Tensor, torch.Tensor]:
+    from tasks.batching import pad_batch
+
+    feeds = {k: torch.from_numpy(v) for k, v in pad_batch(encoded_items).items()}
+    out = model.bert(feeds["input_ids"], feeds["attention_mask"], feeds["token_type_ids"])
+    return out["last_hidden_state"], feeds["attention_mask"].bool()
+
+
+def _ner_examples(tokenizer: Tokenizer) -> tuple[list, list[list[int]]]:
+    items, labels = [], []
+    for i, city in enumerate(CITIES):
+        for template in CITY_TEMPLATES[i % 3 :: 3]:
+            text = template.format(city)
+            start = text.index(city)
+            encoded = encode(tokenizer, text)
+            tags, inside = [], False
+            for (s, e), seq in zip(encoded.offsets, encoded.sequence_ids):
+                in_city = seq is not None and s >= start and e <= start + len(city)
+                tags.append((2 if inside else 1) if in_city else 0)
+                inside = in_city
+            items.append(encoded)
+            labels.append(tags)
+    for seed in range(12):
+        encoded = encode(tokenizer, filler(25, seed))
+        items.append(encoded)
+        labels.append([0] * len(encoded))
+    return items, labels
+
+
+def _qa_windows(tokenizer: Tokenizer, spec: TaskSpec) -> tuple[list, list[tuple[int, int]]]:
+    windows, targets = [], []
+    rng = random.Random(1)
+    for i in range(32):
+        thing, year = THINGS[i % len(THINGS)], rng.randint(1800, 2019)
+        fact = f"The {thing} was founded in {year}."
+        context = f"{filler(12, 100 + i)} {fact} {filler(8, 200 + i)}"
+        answer_start = context.index(str(year))
+        question = f"When was the {thing} founded?"
+        for window in qa.make_windows(tokenizer, question, context, spec.max_seq_length, spec.doc_stride,
+                                      spec.max_query_length):
+            windows.append(window)
+            targets.append(qa.label_window(window, answer_start, str(year)))
+    return windows, targets
+
+
+def build_checkpoints(root: Path) -> dict[str, Path]:
+    """Fine-tuned folders (HF checkpoint + berth_task.json) named by the bundle each becomes."""
+    torch.manual_seed(0)
+    base = default_base_path()
+    tokenizer = load_tokenizer(base)
+    folders = {}
+
+    model, _ = load_pretrained(BertForSequenceClassification, base, id2label={0: "negative", 1: "positive"})
+    nn.init.normal_(model.classifier.weight, std=0.5)
+    folders["sentiment"] = _save(model, root / "sentiment", TaskSpec(task="classification", labels=["negative", "positive"],
+                                                                     max_seq_length=64))
+
+    model, _ = load_pretrained(BertForSequenceClassification, base, num_labels=1, problem_type="regression")
+    nn.init.normal_(model.classifier.weight, std=0.5)
+    folders["similarity"] = _save(model, root / "similarity", TaskSpec(task="pair", problem_type="regression",
+                                                                       max_seq_length=64))
+
+    model, _ = load_pretrained(BertForTokenClassification, base, id2label=dict(enumerate(NER_LABELS)))
+    items, labels = _ner_examples(tokenizer)
+    hidden, mask = _hidden(model, items)
+    targets = torch.full(mask.shape, -100, dtype=torch.long)
+    for row, tags in enumerate(labels):
+        targets[row, : len(tags)] = torch.tensor(tags)
+    _fit_linear(hidden[mask], targets[mask], model.classifier)
+    folders["entities"] = _save(model, root / "entities", TaskSpec(task="ner", labels=NER_LABELS, max_seq_length=64,
+                                                                   doc_stride=16))
+
+    qa_spec = TaskSpec(task="qa", max_seq_length=128, doc_stride=32, max_query_length=32)
+    model, _ = load_pretrained(BertForQuestionAnswering, base)
+    windows, spans = _qa_windows(tokenizer, qa_spec)
+    hidden, mask = _hidden(model, windows)
+    context_mask = torch.zeros_like(mask)
+    for row, window in enumerate(windows):
+        context_mask[row, 0] = True  # [CLS]: the target of windows without the answer
+        context_mask[row, window.context_start : window.context_end] = True
+    _fit_linear(hidden.flatten(0, 1), torch.tensor(spans), model.qa_outputs, group=context_mask)
+    folders["reader"] = _save(model, root / "reader", qa_spec)
+    return folders
+
+
+def _save(model, folder: Path, spec: TaskSpec) -> Path:
+    model.eval()
+    save_pretrained(model, folder, tokenizer_from=default_base_path())
+    spec.save(folder)
+    return folder

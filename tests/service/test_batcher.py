@@ -1,0 +1,223 @@
+"""The batching queue: results reach their own item, budgets hold, dead items are never computed,
+admission refuses cleanly, draining finishes queued work.
+
+The model here is a deterministic numpy function of the padded inputs (the batcher's contract is
+"feeds in, per-row outputs out"); the real ONNX Runtime engine is exercised in test_service_e2e.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from service.batcher import Batcher, BatcherState, BatchPolicy, clip_buckets
+from service.errors import ErrorType, ServiceError
+from service.metrics import Metrics
+from tasks.tokenizer import encode
+
+TEXTS = [
+    "Short.",
+    "A slightly longer sentence about the harbour at dawn.",
+    "Ships came in from the north, carrying timber, salt and news of the war in the eastern provinces.",
+    "Ok",
+    "The committee met on Tuesday and decided, after a long and heated debate, to postpone the vote.",
+]
+
+
+class SumModel:
+    """Row sums of the ids (classification-like) and the ids themselves per token (NER-like);
+    records the shape of every forward pass."""
+
+    def __init__(self):
+        self.shapes: list[tuple[int, int]] = []
+
+    def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        ids = feeds["input_ids"]
+        self.shapes.append(ids.shape)
+        masked = ids * feeds["attention_mask"]
+        return {"total": masked.sum(axis=1, keepdims=True).astype(np.float32),
+                "tokens": masked[:, :, None].astype(np.float32)}
+
+
+def make_batcher(model, per_token=False, **policy) -> tuple[Batcher, Metrics]:
+    metrics = Metrics()
+    defaults = dict(buckets=[8, 16, 32, 64], max_batch_size=4, max_batch_tokens=128, max_wait_s=0.05,
+                    max_queue_items=64)
+    defaults.update(policy)
+    return Batcher("m", model, BatchPolicy(**defaults), metrics, per_token=per_token), metrics
+
+
+def metric(metrics: Metrics, name: str, **labels) -> float:
+    return metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+def test_clip_buckets_keeps_the_max_length():
+    assert clip_buckets([16, 32, 64, 128, 256], 100) == [16, 32, 64, 100]
+    assert clip_buckets([16, 32], 32) == [16, 32]
+
+
+def test_each_item_gets_its_own_rows_and_budgets_hold(tokenizer):
+    items = [encode(tokenizer, TEXTS[i % len(TEXTS)] + " x" * (i % 7)) for i in range(40)]
+    model = SumModel()
+
+    async def scenario():
+        batcher, metrics = make_batcher(model, per_token=True)
+        batcher.start()
+        deadline = time.monotonic() + 30
+        # Ten "requests" of four items each, submitted concurrently.
+        futures = [batcher.submit(items[k : k + 4], deadline) for k in range(0, 40, 4)]
+        results = [await f for group in futures for f in group]
+        await batcher.close(5)
+        return results, metrics
+
+    results, metrics = asyncio.run(scenario())
+    for item, result in zip(items, results):
+        assert result.outputs["total"][0] == sum(item.input_ids)
+        assert result.outputs["tokens"][:, 0].tolist() == item.input_ids  # trimmed to the item's length
+        assert result.queue_seconds >= 0 and result.inference_seconds > 0
+    for batch, length in model.shapes:
+        assert length in (8, 16, 32, 64)
+        assert batch <= 4 and batch * length <= 128
+    assert metric(metrics, "berth_items_inferred_total", model="m") == 40
+    assert metric(metrics, "berth_queue_depth", model="m") == 0
+
+
+def test_one_list_and_many_singles_batch_alike(tokenizer):
+    items = [encode(tokenizer, "same length text here") for _ in range(4)]
+
+    async def scenario(as_list: bool):
+        model = SumModel()
+        batcher, _ = make_batcher(model)
+        batcher.start()
+        deadline = time.monotonic() + 30
+        if as_list:
+            futures = batcher.submit(items, deadline)
+        else:
+            futures = [batcher.submit([x], deadline)[0] for x in items]
+        await asyncio.gather(*futures)
+        await batcher.close(5)
+        return model.shapes
+
+    assert asyncio.run(scenario(True)) == asyncio.run(scenario(False)) == [(4, 8)]
+
+
+def test_cancelled_and_expired_items_are_not_computed(tokenizer):
+    items = [encode(tokenizer, t) for t in TEXTS[:4]]
+    model = SumModel()
+
+    async def scenario():
+        batcher, metrics = make_batcher(model)
+        now = time.monotonic()
+        live = batcher.submit(items[:2], now + 30)
+        gone = batcher.submit(items[2:3], now + 30)
+        late = batcher.submit(items[3:], now - 1)  # its deadline has passed already
+        gone[0].cancel()  # the client went away
+        batcher.start()
+        results = await asyncio.gather(*live)
+        with pytest.raises(ServiceError) as info:
+            await late[0]
+        await batcher.close(5)
+        return results, info.value, metrics
+
+    results, timeout_error, metrics = asyncio.run(scenario())
+    assert [r.outputs["total"][0] for r in results] == [sum(x.input_ids) for x in items[:2]]
+    assert sum(b for b, _ in model.shapes) == 2  # only the two live items were computed
+    assert timeout_error.error_type is ErrorType.TIMEOUT and timeout_error.status == 504
+    assert metric(metrics, "berth_items_dropped_total", model="m", reason="cancelled") == 1
+    assert metric(metrics, "berth_items_dropped_total", model="m", reason="expired") == 1
+
+
+def test_admission_refuses_at_once_when_full_or_too_large(tokenizer):
+    short = encode(tokenizer, "hello")
+    too_long = encode(tokenizer, " ".join(["word"] * 80))  # 82 tokens: longer than every bucket (64)
+
+    async def scenario():
+        batcher, metrics = make_batcher(SumModel(), max_queue_items=3)  # not started: nothing drains
+        deadline = time.monotonic() + 30
+        batcher.submit([short, short], deadline)
+        errors = []
+        for items in ([short, short], [short] * 4, [too_long]):
+            with pytest.raises(ServiceError) as info:
+                batcher.submit(items, deadline)
+            errors.append(info.value)
+        batcher.submit([short], deadline)  # what still fits is admitted
+        depth = batcher.depth
+        await batcher.close(0)
+        return errors, depth, metrics
+
+    (full, bigger_than_queue, too_long_error), depth, metrics = asyncio.run(scenario())
+    assert full.status == 429 and full.error_type is ErrorType.OVERLOADED and full.retry_after >= 1
+    assert "Retry-After" in full.headers()
+    assert bigger_than_queue.status == 413 and too_long_error.status == 413
+    assert depth == 3
+    assert metric(metrics, "berth_items_rejected_total", model="m", reason="queue_full") == 2
+    assert metric(metrics, "berth_items_rejected_total", model="m", reason="too_large") == 5
+
+
+def test_draining_refuses_new_work_but_finishes_queued_work(tokenizer):
+    items = [encode(tokenizer, t) for t in TEXTS]
+
+    async def scenario():
+        batcher, _ = make_batcher(SumModel())
+        batcher.start()
+        futures = batcher.submit(items, time.monotonic() + 30)
+        batcher.begin_draining()
+        with pytest.raises(ServiceError) as info:
+            batcher.submit(items[:1], time.monotonic() + 30)
+        await batcher.close(10)
+        return [f.result() for f in futures], info.value, batcher.state
+
+    results, refused, state = asyncio.run(scenario())
+    assert [r.outputs["total"][0] for r in results] == [sum(x.input_ids) for x in items]
+    assert refused.status == 503 and refused.retry_after >= 1
+    assert state is BatcherState.STOPPED
+
+
+def test_close_timeout_fails_what_is_left(tokenizer):
+    release = threading.Event()
+
+    def stuck_model(feeds):
+        release.wait(10)
+        return {"total": np.zeros((feeds["input_ids"].shape[0], 1), np.float32)}
+
+    async def scenario():
+        batcher, metrics = make_batcher(stuck_model, max_batch_size=1)
+        batcher.start()
+        futures = batcher.submit([encode(tokenizer, t) for t in TEXTS[:3]], time.monotonic() + 30)
+        await asyncio.sleep(0.2)  # the first item is now running in the worker thread
+        await batcher.close(0.1)
+        release.set()
+        outcomes = await asyncio.gather(*futures, return_exceptions=True)
+        return outcomes, metrics
+
+    outcomes, metrics = asyncio.run(scenario())
+    failed = [o for o in outcomes if isinstance(o, ServiceError)]
+    assert len(failed) >= 2 and all(e.status == 503 for e in failed)
+    assert metric(metrics, "berth_items_dropped_total", model="m", reason="shutdown") >= 2
+
+
+def test_a_failing_forward_pass_fails_its_items_only(tokenizer):
+    calls = []
+
+    def flaky_model(feeds):
+        calls.append(feeds["input_ids"].shape)
+        if len(calls) == 1:
+            raise RuntimeError("boom")
+        return {"total": feeds["input_ids"].sum(axis=1, keepdims=True).astype(np.float32)}
+
+    async def scenario():
+        batcher, _ = make_batcher(flaky_model)
+        batcher.start()
+        first = batcher.submit([encode(tokenizer, "one")], time.monotonic() + 30)
+        first_outcome = await asyncio.gather(*first, return_exceptions=True)
+        second = await batcher.submit([encode(tokenizer, "two")], time.monotonic() + 30)[0]
+        await batcher.close(5)
+        return first_outcome[0], second
+
+    error, second = asyncio.run(scenario())
+    assert isinstance(error, ServiceError) and error.status == 500
+    assert second.outputs["total"][0] > 0

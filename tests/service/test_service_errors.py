@@ -1,0 +1,117 @@
+"""The bad-input battery: each case gets the right status and the one error shape, and the server is
+healthy and answering right after it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.service.conftest import API_KEY
+
+ERROR_TYPES = {"validation", "not_found", "too_large", "overloaded", "timeout", "unauthorized", "internal"}
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+JSON = {"Content-Type": "application/json"}
+
+
+def raw(text: str) -> bytes:
+    return text.encode("utf-8")
+
+
+def as_json(value) -> bytes:
+    return json.dumps(value).encode("utf-8")
+
+
+CASES = [
+    # (case id, route, body bytes, extra headers, status, error_type, words the message must contain)
+    ("invalid-json", "/v1/classify", raw('{"inputs": "unterminated'), JSON, 422, "validation", ["JSON"]),
+    ("not-json-content-type", "/v1/classify", raw('{"inputs": "x"}'),
+     {"Content-Type": "text/plain"}, 422, "validation", ["Content-Type: application/json"]),
+    ("body-null", "/v1/classify", raw("null"), JSON, 422, "validation", []),
+    ("inputs-number", "/v1/classify", as_json({"inputs": 123}), JSON, 422, "validation", ["inputs"]),
+    ("inputs-list-with-number", "/v1/classify", as_json({"inputs": ["fine", 5]}), JSON, 422, "validation", []),
+    ("top-k-not-int", "/v1/classify", as_json({"inputs": "x", "top_k": "many"}), JSON, 422, "validation", ["top_k"]),
+    ("top-k-zero", "/v1/classify", as_json({"inputs": "x", "top_k": 0}), JSON, 422, "validation", ["top_k"]),
+    ("unknown-field", "/v1/classify", as_json({"inputs": "x", "topk": 3}), JSON, 422, "validation", ["topk"]),
+    ("missing-inputs", "/v1/classify", as_json({}), JSON, 422, "validation", ["inputs"]),
+    ("qa-missing-context", "/v1/qa", as_json({"inputs": {"question": "why?"}}), JSON, 422, "validation",
+     ["context"]),
+    ("qa-string-inputs", "/v1/qa", as_json({"inputs": "why?"}), JSON, 422, "validation", []),
+    ("pair-missing-text-pair", "/v1/pair", as_json({"inputs": [{"text": "a"}]}), JSON, 422, "validation",
+     ["text_pair"]),
+    ("ner-bad-aggregation", "/v1/ner", as_json({"inputs": "x", "aggregation": "mean"}), JSON, 422, "validation",
+     ["aggregation"]),
+    ("empty-string", "/v1/classify", as_json({"inputs": ""}), JSON, 422, "validation", ["empty"]),
+    ("whitespace-only", "/v1/ner", as_json({"inputs": ["fine", " \t\n "]}), JSON, 422, "validation",
+     ["inputs[1]", "empty"]),
+    ("qa-empty-context", "/v1/qa", as_json({"inputs": {"question": "why?", "context": ""}}), JSON, 422,
+     "validation", ["context", "empty"]),
+    ("empty-list", "/v1/classify", as_json({"inputs": []}), JSON, 422, "validation", ["empty"]),
+    ("inputs-null", "/v1/classify", as_json({"inputs": None}), JSON, 422, "validation", []),
+    ("list-of-nulls", "/v1/ner", as_json({"inputs": [None, None]}), JSON, 422, "validation", []),
+    ("model-null-is-default", "/v1/classify", as_json({"inputs": "fine", "model": None}), JSON, 200, None, []),
+    ("ten-megabyte-body", "/v1/classify", as_json({"inputs": "a" * 10_000_000}), JSON, 413, "too_large", ["body"]),
+    ("ten-thousand-inputs", "/v1/classify", as_json({"inputs": ["hi"] * 10_000}), JSON, 413, "too_large",
+     ["10000 inputs"]),
+    ("million-character-text", "/v1/ner", as_json({"inputs": "word " * 200_000}), JSON, 413, "too_large",
+     ["1000000 characters"]),
+    ("lone-surrogate", "/v1/classify", raw('{"inputs": "abc \\ud800 def"}'), JSON, 422, "validation",
+     ["surrogate"]),
+    ("unknown-model", "/v1/classify", as_json({"inputs": "x", "model": "nope"}), JSON, 404, "not_found", ["nope"]),
+    ("wrong-task-model", "/v1/classify", as_json({"inputs": "x", "model": "entities"}), JSON, 422, "validation",
+     ["/v1/ner"]),
+    ("qa-model-on-pair-route", "/v1/pair", as_json({"inputs": {"text": "a", "text_pair": "b"}, "model": "reader"}),
+     JSON, 422, "validation", ["/v1/qa"]),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_gets_the_right_error_and_the_server_stays_healthy(client, case):
+    _, route, body, headers, status, error_type, words = case
+    response = client.post(route, content=body, headers=headers)
+    assert response.status_code == status, response.text
+    if error_type is not None:
+        payload = response.json()
+        assert set(payload) <= {"error", "error_type", "detail"} and payload["error_type"] == error_type
+        assert isinstance(payload["error"], str) and payload["error"]
+        for word in words:
+            assert word in payload["error"], payload["error"]
+    assert_healthy(client)
+
+
+def assert_healthy(client) -> None:
+    assert client.get("/healthz").status_code == 200
+    answer = client.post("/v1/classify", json={"inputs": ["still fine?"]})
+    assert answer.status_code == 200 and len(answer.json()["results"]) == 1
+
+
+def test_control_characters_are_accepted_and_offsets_still_slice(client):
+    text = "\x00\x01 We flew to\x07 Paris\u200b last\x1f week \x7f\ufeff"
+    response = client.post("/v1/ner", json={"inputs": [text, "\x00\x02\x03"]})
+    assert response.status_code == 200, response.text
+    entities, nothing = response.json()["results"]
+    assert any(e["text"] == "Paris" for e in entities)
+    assert all(text[e["start"] : e["end"]] == e["text"] for e in entities)
+    assert nothing == []
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY},
+                                     {"Authorization": "Basic " + API_KEY}])
+def test_wrong_or_missing_api_key_is_401(server, headers):
+    import httpx
+
+    with httpx.Client(base_url=server.url, timeout=30) as anonymous:
+        for method, route, body in (("POST", "/v1/classify", {"inputs": "x"}), ("GET", "/v1/models", None)):
+            response = anonymous.request(method, route, json=body, headers=headers)
+            assert response.status_code == 401
+            assert response.json()["error_type"] == "unauthorized"
+            assert response.headers["www-authenticate"] == "Bearer"
+        assert anonymous.get("/healthz").status_code == 200  # probes need no key
+        assert anonymous.get("/metrics").status_code == 200
+
+
+def test_unknown_route_and_wrong_method_keep_the_error_shape(client):
+    missing = client.get("/v2/classify")
+    assert missing.status_code == 404 and missing.json()["error_type"] == "not_found"
+    wrong_method = client.get("/v1/classify")
+    assert wrong_method.status_code == 405 and wrong_method.json()["error_type"] == "validation"
