@@ -17,6 +17,12 @@ from berth import __version__
 # In the order they appear in `berth --help`.
 SUBCOMMAND_MODULES = [
     "training.tokenizer_cli",
+    "training.pretrain_cli",
+    "training.finetune_cli",
+    "training.plot_cli",
+    "export.cli",
+    "training.build_defaults",
+    "service.cli",
 ]
 
 

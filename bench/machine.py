@@ -1,0 +1,76 @@
+"""The machine facts every benchmark writes beside its numbers, so a result can be rerun and compared.
+
+Library versions are read from the installed distributions' metadata, so asking for them imports
+nothing (a torch-free benchmark stays torch-free). The load average is recorded because this
+machine is shared: a busy neighbour explains a slow absolute figure, not a side-by-side ratio.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+DEFAULT_LIBRARIES = ("torch", "transformers", "onnxruntime", "onnx", "numpy", "tokenizers")
+_INTERESTING_CPU_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "amx_tile")
+
+
+def _cpu_model_and_flags() -> tuple[str, list[str]]:
+    """From /proc/cpuinfo (Linux); elsewhere whatever `platform` knows and no flags."""
+    model, flags = None, []
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and model is None:
+            model = value.strip()
+        elif key.strip() == "flags" and not flags:
+            present = set(value.split())
+            flags = [f for f in _INTERESTING_CPU_FLAGS if f in present]
+    return model or platform.processor() or "unknown", flags
+
+
+def library_versions(names: tuple[str, ...] = DEFAULT_LIBRARIES) -> dict[str, str | None]:
+    """Installed version of each distribution, None when it is not installed."""
+    found: dict[str, str | None] = {}
+    for name in names:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def git_revision(repo: Path | None = None) -> str | None:
+    """The checked-out commit, with "+dirty" when the working tree has changes; None outside git."""
+    cwd = repo or Path(__file__).resolve().parents[1]
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=cwd, capture_output=True, text=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return rev.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def machine_facts(threads: int | None = None, libraries: tuple[str, ...] = DEFAULT_LIBRARIES) -> dict:
+    """CPU model and flags, cores, the threads the benchmark used, versions, revision, load, time."""
+    model, flags = _cpu_model_and_flags()
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {
+        "cpu_model": model,
+        "cpu_flags": flags,
+        "logical_cores": os.cpu_count(),
+        "usable_cores": usable,
+        "threads": threads,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "libraries": library_versions(libraries),
+        "git_revision": git_revision(),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
