@@ -126,10 +126,12 @@ def run_finetune(settings: FinetuneSettings) -> dict[str, float]:
     shutil.rmtree(train_settings.output_dir, ignore_errors=True)
 
     metrics: dict[str, float] = {}
+    started = time.time()
     if dev_examples:
         metrics, extra = adapter.evaluate(model, dev_examples, spec)
         spec = spec.model_copy(update=extra)
         log.info("dev metrics: %s", json.dumps(metrics))
+    eval_minutes = (time.time() - started) / 60
     spec = spec.model_copy(update={"dev_metrics": metrics})
     model.cpu()
     save_pretrained(model, out, tokenizer_from=base)
@@ -140,6 +142,7 @@ def run_finetune(settings: FinetuneSettings) -> dict[str, float]:
         "train_examples": len(train_examples),
         "dev_examples": len(dev_examples),
         "train_minutes": round(train_minutes, 2),
+        "eval_minutes": round(eval_minutes, 2),
         "train_result": getattr(result, "__dict__", str(result)),
         "dev_metrics": metrics,
     }
