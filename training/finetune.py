@@ -126,12 +126,12 @@ def run_finetune(settings: FinetuneSettings) -> dict[str, float]:
     shutil.rmtree(train_settings.output_dir, ignore_errors=True)
 
     metrics: dict[str, float] = {}
-    started = time.time()
+    eval_started = time.time()
     if dev_examples:
         metrics, extra = adapter.evaluate(model, dev_examples, spec)
         spec = spec.model_copy(update=extra)
         log.info("dev metrics: %s", json.dumps(metrics))
-    eval_minutes = (time.time() - started) / 60
+    eval_minutes = (time.time() - eval_started) / 60
     spec = spec.model_copy(update={"dev_metrics": metrics})
     model.cpu()
     save_pretrained(model, out, tokenizer_from=base)
