@@ -505,9 +505,10 @@ def items_submitted_and_computed(url: str) -> tuple[float, float]:
     return submitted, total("berth_items_inferred", "berth_items_inferred_total")
 
 
-def wait_queued(url: str, items: int, timeout: float) -> tuple[float, float]:
-    """Wait until `items` more items entered the queue; returns (submitted, computed) since the call."""
-    base_submitted, base_computed = items_submitted_and_computed(url)
+def wait_queued(url: str, base: tuple[float, float], items: int, timeout: float) -> tuple[float, float]:
+    """Wait until `items` more items than at `base` entered the queue; returns (submitted, computed)
+    since `base`."""
+    base_submitted, base_computed = base
     deadline = time.monotonic() + timeout
     while True:
         submitted, computed = items_submitted_and_computed(url)
@@ -526,8 +527,9 @@ def test_sigterm_with_requests_in_flight_drains_within_the_budget(deploy_reposit
         wait_for(server.probe_url("readinessProbe"), server.process, server.log, timeout=180)
         _, drain_delay, shutdown = drain_chain(server.container)
         burst = Burst(server.url, clients=4, inputs=64, rounds=1)
+        base = items_submitted_and_computed(server.url)
         with burst:
-            queued, computed = wait_queued(server.url, 4 * 64, timeout=60)
+            queued, computed = wait_queued(server.url, base, 4 * 64, timeout=60)
             assert computed < queued, "everything was computed before SIGTERM: make the burst larger"
             started = time.monotonic()
             server.process.send_signal(signal.SIGTERM)
