@@ -50,6 +50,14 @@ CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
 # serving-hardening issue (#13). A berth without the setting ignores the variable (no drain delay).
 PENDING_SETTINGS = {"drain_delay_s"}
 ADAPTER = K8S / "prometheus-adapter"
+BUNDLE_LOADER = K8S / "bundle-loader.yaml"  # applied on its own (`kubectl apply -f`), not by kustomize
+CHECKED = [*VARIANTS, "bundle-loader"]  # what the schema and checkov tests cover
+
+
+def objects_of(name: str) -> list[dict]:
+    if name == "bundle-loader":
+        return [doc for doc in yaml.safe_load_all(BUNDLE_LOADER.read_text()) if doc]
+    return rendered(name)
 
 
 def settings_fields() -> set[str]:
@@ -90,6 +98,22 @@ def test_models_from_image_component_copies_before_berth_starts():
     assert mount["readOnly"] is True
 
 
+def test_bundle_loader_writes_where_berth_reads():
+    loader = only(objects_of("bundle-loader"), "Pod")
+    base = rendered("cpu")
+    assert loader["metadata"]["namespace"] == NAMESPACE
+    (volume,) = loader["spec"]["volumes"]
+    assert volume["persistentVolumeClaim"]["claimName"] == only(base, "PersistentVolumeClaim")["metadata"]["name"]
+    (mount,) = loader["spec"]["containers"][0]["volumeMounts"]
+    assert mount["name"] == volume["name"] and not mount.get("readOnly")
+    berth_pod = only(base, "Deployment")["spec"]["template"]["spec"]
+    assert loader["spec"]["securityContext"]["runAsUser"] == berth_pod["securityContext"]["runAsUser"]
+    # the berth pods' NetworkPolicy does not cover the loader; its own denies everything
+    policies = [o for o in objects_of("bundle-loader") if o["kind"] == "NetworkPolicy"]
+    assert [selects(p["spec"]["podSelector"]["matchLabels"], loader["metadata"]["labels"]) for p in policies] == [True]
+    assert not policies[0]["spec"].get("ingress") and not policies[0]["spec"].get("egress")
+
+
 # -- schemas --------------------------------------------------------------------------------------------
 
 def kubernetes_validate():
@@ -101,12 +125,12 @@ def kubernetes_validate():
 
 
 @pytest.mark.parametrize("version", [OLDEST_KUBERNETES, "latest"])
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", CHECKED)
 def test_manifests_validate_against_kubernetes_schemas(variant, version):
     kv = kubernetes_validate()
     version = kv.latest_version() if version == "latest" else version
     skipped = []
-    for obj in rendered(variant):
+    for obj in objects_of(variant):
         if (obj["apiVersion"], obj["kind"]) in CRD_KINDS:
             skipped.append(obj["kind"])
             continue
@@ -115,7 +139,7 @@ def test_manifests_validate_against_kubernetes_schemas(variant, version):
         except kv.ValidationError as error:
             pytest.fail(f"{variant}: {obj['kind']}/{obj['metadata']['name']} invalid for Kubernetes {version}: "
                         f"{'.'.join(map(str, error.path))}: {error.message}")
-    assert skipped == ["ServiceMonitor"]
+    assert skipped == ([] if variant == "bundle-loader" else ["ServiceMonitor"])
 
 
 def test_schema_validation_catches_a_broken_deployment():
@@ -180,6 +204,8 @@ def checkov_results(tmp_path_factory) -> tuple[dict[str, dict], dict[str, Path]]
     for variant in VARIANTS:
         files[variant] = tmp / f"{variant}.yaml"
         files[variant].write_text(rendered_text(variant))
+    files["bundle-loader"] = tmp / BUNDLE_LOADER.name
+    files["bundle-loader"].write_text(BUNDLE_LOADER.read_text())
     weakened = only(rendered("cpu"), "Deployment")
     container = weakened["spec"]["template"]["spec"]["containers"][0]
     del container["securityContext"], container["livenessProbe"], container["resources"]["limits"]
@@ -188,13 +214,13 @@ def checkov_results(tmp_path_factory) -> tuple[dict[str, dict], dict[str, Path]]
     return run_checkov(list(files.values())), files
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", CHECKED)
 def test_checkov_finds_nothing_unexplained(variant, checkov_results):
     results, files = checkov_results
     result = results[str(files[variant])]
     assert result["passed"] > 20, result  # checkov did scan the objects
     assert not result["failed"], f"{variant}: checkov failures: {result['failed']}"
-    reasons = checkov_skips(rendered(variant))
+    reasons = checkov_skips(objects_of(variant))
     assert {check_id for check_id, _, _ in result["skipped"]} == set(reasons)
     for check_id, resource, comment in result["skipped"]:
         assert comment == reasons[check_id], (check_id, resource)
