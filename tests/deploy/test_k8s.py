@@ -578,7 +578,8 @@ def wait_queued(url: str, base: tuple[float, float], items: int, timeout: float)
 def test_sigterm_with_requests_in_flight_drains_within_the_budget(deploy_repository, tmp_path):
     """A server with the Deployment's settings, SIGTERM while requests are queued (what the kubelet
     sends after preStop): every admitted request is answered 200, and the process exits 0 within
-    drain delay + shutdown timeout, the part of the grace period that is berth's."""
+    drain delay + shutdown timeout, the part of the grace period that is berth's. Where berth has the
+    drain delay, the probes and a late request are checked during it too."""
     server = ManifestServer(deploy_repository, tmp_path / "berth.log")
     try:
         wait_for(server.probe_url("readinessProbe"), server.process, server.log, timeout=180)
@@ -590,6 +591,15 @@ def test_sigterm_with_requests_in_flight_drains_within_the_budget(deploy_reposit
             assert computed < queued, "everything was computed before SIGTERM: make the burst larger"
             started = time.monotonic()
             server.process.send_signal(signal.SIGTERM)
+            if "drain_delay_s" in ServiceSettings.model_fields and drain_delay >= 2:
+                # During the drain delay the kubelet sees not-ready (never dead: no restart), and a
+                # request that still arrives is served.
+                time.sleep(0.2)
+                during = (httpx.get(server.probe_url("readinessProbe"), timeout=3).status_code,
+                          httpx.get(server.probe_url("livenessProbe"), timeout=3).status_code,
+                          httpx.post(server.url + "/v1/classify", json={"inputs": "late but welcome"},
+                                     timeout=60).status_code)
+                assert during == (503, 200, 200), during
             code = server.process.wait(timeout=drain_delay + shutdown + 30)
             elapsed = time.monotonic() - started
         assert code == 0, tail(server.log)
