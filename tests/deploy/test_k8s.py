@@ -494,7 +494,6 @@ def test_adapter_query_on_real_prometheus_follows_the_queue(manifest_server, tmp
 
     try:
         wait_for(prometheus + "/-/ready", process, log, timeout=60)
-        series = httpx.get(prometheus + "/api/v1/series", params={"match[]": rule["seriesQuery"]}, timeout=10)
         deadline = time.monotonic() + 30
         while queue_depth() is None and time.monotonic() < deadline:
             time.sleep(0.5)
