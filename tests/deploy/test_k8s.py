@@ -47,8 +47,9 @@ OLDEST_KUBERNETES = "1.27"
 # validated by test_servicemonitor_validates_against_the_operator_schema instead; their wiring to the
 # core objects is checked in test_manifests_wire_together and against the live server.
 CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
-# BERTH_* variables the Deployment sets before the service reads them: the drain delay of the
-# serving-hardening issue (#13). A berth without the setting ignores the variable (no drain delay).
+# BERTH_* variables the Deployment may set before berth reads them: the drain delay of the
+# serving-hardening issue (#13, `drain_delay_s` on its branch). A berth without the setting ignores
+# the variable (no drain delay); once it has it, the variable is checked like every other.
 PENDING_SETTINGS = {"drain_delay_s"}
 ADAPTER = K8S / "prometheus-adapter"
 BUNDLE_LOADER = K8S / "bundle-loader.yaml"  # applied on its own (`kubectl apply -f`), not by kustomize
