@@ -21,6 +21,7 @@ from tasks.bundle import (
     PRECISION_PROVIDERS,
     TOKENIZER_FILE,
     Bundle,
+    check_examples,
     file_sha256,
     load_bundle,
     write_manifest,
@@ -47,6 +48,7 @@ def export_bundle(
     threads: int | None = None,
     prefer_gpu: bool = True,
     opset: int = onnx_export.OPSET,
+    example_inputs: list[Any] | None = None,
 ) -> Bundle:
     """Export the fine-tuned `checkpoint` folder as a bundle in `out` (replaced if it exists).
 
@@ -59,6 +61,8 @@ def export_bundle(
       (default: `parity.DEFAULT_EXAMPLES` of the task),
       and fp16/int8 must give the same task answer on `min_agreement` of them (the threshold used
       is written into the manifest).
+    - `example_inputs`: example `inputs` of the task's route, written into the manifest's `examples`
+      (the playground offers them); checked before anything is exported.
     Raises `parity.ParityError` when the ONNX model disagrees with PyTorch beyond the threshold.
     """
     import torch
@@ -69,6 +73,7 @@ def export_bundle(
         torch.set_num_threads(threads)
     checkpoint, out = Path(checkpoint), Path(out)
     model, spec, load_report = onnx_export.load_finetuned(checkpoint, task)
+    check_examples(spec.task, example_inputs or [])
     if load_report.fresh or load_report.resized:
         log.warning("%s: weights not in the checkpoint were initialized fresh (%s); "
                     "the bundle will not answer as a trained model", checkpoint, load_report)
@@ -107,6 +112,8 @@ def export_bundle(
         inputs, outputs = onnx_export.graph_io(model_path)
         manifest = _manifest(spec, config, precision, opset, inputs, outputs, checkpoint, parity_figures,
                              optimization, validated=[r["provider"] for r in reports], out_name=out.name)
+        if example_inputs:
+            manifest["examples"] = example_inputs
         write_manifest(final, manifest)
         if out.exists():
             shutil.rmtree(out)

@@ -100,6 +100,7 @@ class ServedModel:
             "length_buckets": self.batcher.policy.buckets if self.batcher else [],
             "version_2_with_negative": self.spec.version_2_with_negative if self.task == "qa" else None,
             "ready": self.ready,
+            "examples": self.bundle.examples,
         }
 
 

@@ -86,7 +86,7 @@ async def list_models(runtime: RuntimeDep) -> dict:
             spec = bundle.spec()
             described.append({"name": name, "task": bundle.task, "labels": spec.labels,
                               "max_seq_length": spec.max_seq_length, "precision": bundle.precision,
-                              "execution_provider": None, "ready": False})
+                              "execution_provider": None, "ready": False, "examples": bundle.examples})
     return {"models": described, "phase": runtime.phase.value}
 
 

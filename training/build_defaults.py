@@ -9,6 +9,7 @@ full research sets instead (SST-2, MRPC, CoNLL-2003, SQuAD v1.1).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = REPO / "data" / "samples"
+EXAMPLES = SAMPLES / "examples.json"  # model name -> example inputs written into its bundle (the playground's)
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ def build_defaults(out: Path, work: Path, data_dir: Path | None = None, only: li
     if automatic:
         precision = _default_precision()
     built = []
+    examples = json.loads(EXAMPLES.read_text(encoding="utf-8"))
     for number, recipe in enumerate(recipes, 1):
         bundle = out / recipe.name
         if (bundle / "bundle.json").is_file() and not force:
@@ -78,7 +81,7 @@ def build_defaults(out: Path, work: Path, data_dir: Path | None = None, only: li
         metrics = run_finetune(settings)
         print(f"[{number}/{len(recipes)}] {recipe.name}: dev {_headline(metrics)}; exporting {precision}", flush=True)
         try:
-            export_bundle(checkpoint, bundle, precision=precision)
+            export_bundle(checkpoint, bundle, precision=precision, example_inputs=examples.get(recipe.name))
         except ParityError as error:
             if not automatic or precision == "fp32":
                 raise
@@ -86,7 +89,7 @@ def build_defaults(out: Path, work: Path, data_dir: Path | None = None, only: li
             # ships in fp32 (exact parity) rather than not at all. An explicit --precision still fails.
             print(f"[{number}/{len(recipes)}] {recipe.name}: {precision} failed its parity gate, "
                   f"exporting fp32 instead:\n{error}", flush=True)
-            export_bundle(checkpoint, bundle, precision="fp32")
+            export_bundle(checkpoint, bundle, precision="fp32", example_inputs=examples.get(recipe.name))
         print(f"[{number}/{len(recipes)}] {recipe.name}: done in {(time.time() - started) / 60:.1f} min -> {bundle}",
               flush=True)
         built.append(bundle)
