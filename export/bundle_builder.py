@@ -45,10 +45,10 @@ def export_bundle(
     data_dir: str | Path | None = None,
     parity_examples: int | None = None,
     min_agreement: float = parity.MIN_AGREEMENT,
+    example_inputs: list[Any] | None = None,
     threads: int | None = None,
     prefer_gpu: bool = True,
     opset: int = onnx_export.OPSET,
-    example_inputs: list[Any] | None = None,
 ) -> Bundle:
     """Export the fine-tuned `checkpoint` folder as a bundle in `out` (replaced if it exists).
 
@@ -56,13 +56,13 @@ def export_bundle(
       quantization; CPU only).
     - `optimize_graph`: `auto` runs ORT's offline BERT optimizer and keeps whichever graph (plain or
       fused, in the target precision) runs faster here (measured); `always` / `never` force the choice.
+    - `example_inputs`: example `inputs` of the task's route, written into the manifest's `examples`
+      (the playground offers them); checked before anything is exported.
     - `data_dir`: the shared data sets for the parity slice (default ../shared/data if present,
       else the shipped samples, else built-in sentences); `parity_examples` examples are checked
       (default: `parity.DEFAULT_EXAMPLES` of the task),
       and fp16/int8 must give the same task answer on `min_agreement` of them (the threshold used
       is written into the manifest).
-    - `example_inputs`: example `inputs` of the task's route, written into the manifest's `examples`
-      (the playground offers them); checked before anything is exported.
     Raises `parity.ParityError` when the ONNX model disagrees with PyTorch beyond the threshold.
     """
     import torch
@@ -73,11 +73,11 @@ def export_bundle(
         torch.set_num_threads(threads)
     checkpoint, out = Path(checkpoint), Path(out)
     model, spec, load_report = onnx_export.load_finetuned(checkpoint, task)
-    check_examples(spec.task, example_inputs or [])
     if load_report.fresh or load_report.resized:
         log.warning("%s: weights not in the checkpoint were initialized fresh (%s); "
                     "the bundle will not answer as a trained model", checkpoint, load_report)
     config = model.config
+    check_examples(spec.task, example_inputs or [])
     data_dir = Path(data_dir) if data_dir else parity.default_data_dir()
     out.parent.mkdir(parents=True, exist_ok=True)
 

@@ -71,10 +71,9 @@ def run(args: argparse.Namespace) -> int:
             raise SystemExit(f"berth export: --examples {settings.examples}: {error}") from None
     try:
         bundle = export_bundle(
-            settings.checkpoint, settings.out, settings.precision, task=settings.task,
+            settings.checkpoint, settings.out, settings.precision, task=settings.task, example_inputs=examples,
             optimize_graph=settings.optimize, data_dir=settings.data_dir, parity_examples=settings.parity_examples,
             min_agreement=settings.min_agreement, threads=settings.threads, prefer_gpu=prefer_gpu,
-            example_inputs=examples,
         )
     except ParityError as error:
         print(f"berth export: refused, the ONNX model does not match PyTorch:\n{error}", file=sys.stderr)
