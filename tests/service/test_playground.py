@@ -161,7 +161,8 @@ def test_page_lists_the_models_with_their_examples_without_console_errors(open_s
     wait(browser, ec.visibility_of_element_located((By.ID, "task-form")))
     options = [o.text for o in Select(browser.find_element(By.ID, "model")).options]
     assert options == [f"{m['name']} ({m['task']})" for m in listed]
-    assert browser.find_element(By.ID, "field-text").get_attribute("value") == EXAMPLES[listed[0]["name"]][0]
+    choose(browser, "sentiment (classification)")
+    assert browser.find_element(By.ID, "field-text").get_attribute("value") == EXAMPLES["sentiment"][0]
     labels = {label.get_attribute("for") for label in browser.find_elements(By.CSS_SELECTOR, "label")}
     inputs = {e.get_attribute("id") for e in browser.find_elements(By.CSS_SELECTOR, "input, textarea, select")}
     assert inputs <= labels  # every field has a label
