@@ -92,7 +92,8 @@ function renderEntities(result, values, model) {
                                       el("td", {}, fmt(e.score)), el("td", {}, `${e.start}–${e.end}`)));
   return [highlighted(values.text, spans),
           el("table", {}, el("caption", {}, "Entities"),
-             el("thead", {}, el("tr", {}, ...["type", "text", "score", "characters"].map((h) => el("th", { scope: "col" }, h)))),
+             el("thead", {}, el("tr", {}, ...["type", "text", "score", "characters"]
+               .map((h) => el("th", { scope: "col" }, h)))),
              el("tbody", {}, ...rows))];
 }
 
@@ -100,11 +101,13 @@ function renderAnswers(result, values) {
   const answers = Array.isArray(result) ? result : [result];
   const best = answers[0];
   const say = (a) => (a.is_impossible ? "(no answer)" : a.answer);
-  const out = [el("p", { class: "big" }, "Answer: ", el("strong", { class: "answer" }, say(best)), ` (score ${fmt(best.score)})`)];
+  const out = [el("p", { class: "big" }, "Answer: ", el("strong", { class: "answer" }, say(best)),
+                  ` (score ${fmt(best.score)})`)];
   out.push(best.is_impossible ? el("p", {}, values.context)
     : highlighted(values.context, [{ start: best.start, end: best.end, tag: "answer", score: best.score, colour: 0 }]));
   out.push(el("h2", {}, `Top ${answers.length}`),
-           el("ol", { class: "top-k" }, ...answers.map((a) => el("li", {}, el("span", {}, say(a)), ` — score ${fmt(a.score)}`))));
+           el("ol", { class: "top-k" },
+              ...answers.map((a) => el("li", {}, el("span", {}, say(a)), ` — score ${fmt(a.score)}`))));
   return out;
 }
 
@@ -123,7 +126,7 @@ function renderVector(result) {
   const vector = Array.isArray(result) ? result : result.embedding || result.vector || [];
   const norm = Math.sqrt(vector.reduce((sum, x) => sum + x * x, 0));
   return [el("p", {}, `A vector of ${vector.length} numbers, norm ${fmt(norm)}:`),
-          el("pre", {}, "[" + vector.slice(0, 8).map((x) => fmt(x, 4)).join(", ") + (vector.length > 8 ? ", …]" : "]"))];
+          el("pre", {}, `[${vector.slice(0, 8).map((x) => fmt(x, 4)).join(", ")}${vector.length > 8 ? ", …" : ""}]`)];
 }
 
 // /v1/fill-mask, as transformers' pipeline: one mask -> a list of candidates, several -> a list per mask.
@@ -133,7 +136,8 @@ function renderFillMask(result) {
   const out = [];
   perMask.forEach((candidates, i) => {
     if (perMask.length > 1) out.push(el("h2", {}, `Mask ${i + 1}`));
-    if (candidates[0] && candidates[0].sequence) out.push(el("p", { class: "big" }, el("strong", { class: "sequence" }, candidates[0].sequence)));
+    const best = candidates[0];
+    if (best && best.sequence) out.push(el("p", { class: "big" }, el("strong", { class: "sequence" }, best.sequence)));
     for (const c of candidates) out.push(bar(c.token_str ?? String(c.token), c.score, pct(c.score)));
   });
   return out;
@@ -166,10 +170,12 @@ const FORMS = {
                                                  field("targets", "Sentences to compare it with, one per line", 4)],
     render: renderSimilarity, body: (v) => ({ inputs: { source: v.source, targets: lines(v.targets) } }),
     fill: (ex, all) => ({ source: ex, targets: all.filter((o) => o !== ex).join("\n") }),
-    extra: { label: "Embed the sentence", route: "/v1/embed", body: (v) => ({ inputs: v.source }), render: renderVector } },
+    extra: { label: "Embed the sentence", route: "/v1/embed", body: (v) => ({ inputs: v.source }),
+             render: renderVector } },
   "fill-mask": { route: "/v1/fill-mask", fields: [field("text", "Text with [MASK]", 2)], render: renderFillMask,
     body: (v) => ({ inputs: v.text, top_k: 5 }), fill: (ex) => ({ text: ex }) },
-  "multiple-choice": { route: "/v1/choice", fields: [field("context", "Context", 3), field("choices", "Choices, one per line", 4)],
+  "multiple-choice": { route: "/v1/choice",
+    fields: [field("context", "Context", 3), field("choices", "Choices, one per line", 4)],
     render: renderChoices, body: (v) => ({ inputs: { context: v.context, choices: lines(v.choices) } }),
     fill: (ex) => ({ context: ex.context, choices: (ex.choices || []).join("\n") }) },
 };
@@ -177,7 +183,8 @@ const FORMS = {
 function showError(res) {
   const box = $("error");
   const data = res.data || {};
-  box.replaceChildren(el("strong", {}, `Error ${res.status}${data.error_type ? " (" + data.error_type + ")" : ""}: `),
+  const status = res.status ? ` ${res.status}` : ""; // 0: not an HTTP answer (no form, network failure)
+  box.replaceChildren(el("strong", {}, `Error${status}${data.error_type ? " (" + data.error_type + ")" : ""}: `),
                       el("span", { class: "message" }, data.error || "the server gave no message"));
   box.hidden = false;
 }
@@ -211,7 +218,7 @@ async function loadModels() {
   const select = $("model");
   select.replaceChildren(...models.map((m, i) => el("option", { value: String(i) }, `${m.name} (${m.task})`)));
   $("model-picker").hidden = false;
-  if (!models.length) return showError({ status: 200, data: { error: "this server serves no model" } });
+  if (!models.length) return showError({ status: 0, data: { error: "this server serves no model" } });
   chooseModel();
 }
 
@@ -221,7 +228,8 @@ function chooseModel() {
   const model = currentModel();
   const form = FORMS[model.task];
   clearOutput();
-  const about = [`task ${model.task}`, `route ${form ? form.route : model.route}`, `precision ${model.precision}`,
+  const routes = form ? [form.route, form.extra && form.extra.route].filter(Boolean).join(", ") : model.route;
+  const about = [`task ${model.task}`, `route ${routes}`, `precision ${model.precision}`,
                  `max ${model.max_seq_length} tokens`];
   if (model.labels && model.labels.length) about.push(`labels: ${model.labels.join(", ")}`);
   if (!model.ready) about.push("still loading");
