@@ -49,6 +49,7 @@ def export_bundle(
     threads: int | None = None,
     prefer_gpu: bool = True,
     opset: int = onnx_export.OPSET,
+    pooling: str | None = None,
 ) -> Bundle:
     """Export the fine-tuned `checkpoint` folder as a bundle in `out` (replaced if it exists).
 
@@ -63,6 +64,7 @@ def export_bundle(
       (default: `parity.DEFAULT_EXAMPLES` of the task),
       and fp16/int8 must give the same task answer on `min_agreement` of them (the threshold used
       is written into the manifest).
+    - `pooling`: for `embedding`, overrides the pooling read from the folder's sentence-transformers files.
     Raises `parity.ParityError` when the ONNX model disagrees with PyTorch beyond the threshold.
     """
     import torch
@@ -72,7 +74,7 @@ def export_bundle(
     if threads:
         torch.set_num_threads(threads)
     checkpoint, out = Path(checkpoint), Path(out)
-    model, spec, load_report = onnx_export.load_finetuned(checkpoint, task)
+    model, spec, load_report = onnx_export.load_finetuned(checkpoint, task, pooling)
     if load_report.fresh or load_report.resized:
         log.warning("%s: weights not in the checkpoint were initialized fresh (%s); "
                     "the bundle will not answer as a trained model", checkpoint, load_report)
@@ -205,6 +207,7 @@ def _manifest(spec, config, target_precision, opset, inputs, outputs, checkpoint
             "max_query_length": spec.max_query_length,
             "version_2_with_negative": spec.version_2_with_negative,
             "null_score_diff_threshold": spec.null_score_diff_threshold,
+            **spec.extra,
         },
         "precision": target_precision,
         "execution_providers": PRECISION_PROVIDERS[target_precision],

@@ -21,6 +21,7 @@ class ExportSettings(BaseModel):
     precision: Literal["fp32", "fp16", "int8"] = "fp32"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     task: str | None = None
+    pooling: Literal["mean", "cls", "max"] | None = None
     optimize: Literal["auto", "always", "never"] = "auto"
     data_dir: Path | None = None
     parity_examples: int | None = None
@@ -74,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
             settings.checkpoint, settings.out, settings.precision, task=settings.task, example_inputs=examples,
             optimize_graph=settings.optimize, data_dir=settings.data_dir, parity_examples=settings.parity_examples,
             min_agreement=settings.min_agreement, threads=settings.threads, prefer_gpu=prefer_gpu,
+            pooling=settings.pooling,
         )
     except ParityError as error:
         print(f"berth export: refused, the ONNX model does not match PyTorch:\n{error}", file=sys.stderr)
@@ -113,8 +115,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    "CPU only (default: %(default)s)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="where to validate: auto uses CUDA when onnxruntime has it, else the CPU (default: %(default)s)")
-    p.add_argument("--task", choices=["classification", "pair", "ner", "qa", "fill-mask"],
-                   help="the task, for a folder without berth_task.json (e.g. fill-mask on a pretrained MLM checkpoint)")
+    p.add_argument("--task", choices=["classification", "pair", "ner", "qa", "fill-mask", "embedding", "multiple-choice"],
+                   help="the task, for a folder without berth_task.json (e.g. fill-mask on a pretrained MLM "
+                   "checkpoint, embedding on any BERT or sentence-transformers folder)")
+    p.add_argument("--pooling", choices=["mean", "cls", "max"],
+                   help="embedding: sentence pooling (default: the folder's sentence-transformers 1_Pooling config, "
+                   "else mean)")
     p.add_argument("--optimize", choices=["auto", "always", "never"], default="auto",
                    help="ONNX Runtime's offline BERT fusions: auto keeps whichever fp32 graph runs faster here "
                    "(default: %(default)s)")

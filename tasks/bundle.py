@@ -113,11 +113,13 @@ class Bundle(BaseModel):
     def spec(self) -> TaskSpec:
         """The task spec (labels and feature settings) the service encodes and decodes with."""
         settings = {key: value for key, value in self.task_settings.items() if key in TASK_SETTING_NAMES}
+        extra = {key: value for key, value in self.task_settings.items() if key not in TASK_SETTING_NAMES}
         return TaskSpec(
             task=self.task,
             labels=self.labels,
             problem_type=self.problem_type,
             dev_metrics=self.source.get("dev_metrics") or {},
+            extra=extra,
             **settings,
         )
 

@@ -1,4 +1,5 @@
-"""`berth build-defaults`: fine-tune and export the four default bundles that `make run` serves.
+"""`berth build-defaults`: fine-tune and export the four default bundles that `make run` serves, and
+export the embedded base itself as the `embeddings` bundle (seconds, no training).
 
 Each default is the embedded base (all-MiniLM-L6-v2) fine-tuned on a small shipped sample
 (data/samples, permissively licensed) within a time budget, then exported to an ONNX bundle:
@@ -96,6 +97,26 @@ def build_defaults(out: Path, work: Path, data_dir: Path | None = None, only: li
     return built
 
 
+EMBEDDINGS_BUNDLE = "embeddings"
+
+
+def build_embeddings_bundle(out: Path, force: bool = False, threads: int | None = None) -> Path | None:
+    """The embedded base as it is (a sentence-transformers model: mean pooling, normalized) as the
+    `embeddings` bundle: export only, no training. fp32, so it answers as sentence-transformers does."""
+    from export.bundle_builder import export_bundle
+    from training.checkpoint import default_base_path
+
+    bundle = out / EMBEDDINGS_BUNDLE
+    if (bundle / "bundle.json").is_file() and not force:
+        print(f"[embeddings] bundle exists, skipped ({bundle})", flush=True)
+        return None
+    started = time.time()
+    export_bundle(default_base_path(), bundle, precision="fp32", task="embedding", optimize_graph="never",
+                  parity_examples=64, threads=threads)
+    print(f"[embeddings] exported the base model in {time.time() - started:.0f} s -> {bundle}", flush=True)
+    return bundle
+
+
 def _default_precision() -> str:
     """fp16 on a CUDA machine, int8 (dynamic quantization, CPU only) otherwise."""
     try:
@@ -118,6 +139,8 @@ def _headline(metrics: dict[str, float]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.only or EMBEDDINGS_BUNDLE in args.only:
+        build_embeddings_bundle(args.out, args.force, args.threads)
     build_defaults(args.out, args.work, args.data_dir, args.only, args.force, args.precision, args.threads)
     return 0
 
