@@ -67,7 +67,7 @@ def build_defaults(out: Path, work: Path, data_dir: Path | None = None, only: li
     if automatic:
         precision = _default_precision()
     built = []
-    examples = json.loads(EXAMPLES.read_text(encoding="utf-8"))
+    examples = default_examples()
     for number, recipe in enumerate(recipes, 1):
         bundle = out / recipe.name
         if (bundle / "bundle.json").is_file() and not force:
@@ -112,9 +112,14 @@ def build_embeddings_bundle(out: Path, force: bool = False, threads: int | None 
         return None
     started = time.time()
     export_bundle(default_base_path(), bundle, precision="fp32", task="embedding", optimize_graph="never",
-                  parity_examples=64, threads=threads)
+                  parity_examples=64, threads=threads, example_inputs=default_examples().get(EMBEDDINGS_BUNDLE))
     print(f"[embeddings] exported the base model in {time.time() - started:.0f} s -> {bundle}", flush=True)
     return bundle
+
+
+def default_examples() -> dict[str, list]:
+    """Model name -> the example inputs its bundle carries (data/samples/examples.json)."""
+    return json.loads(EXAMPLES.read_text(encoding="utf-8"))
 
 
 def _default_precision() -> str:
