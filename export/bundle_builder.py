@@ -21,6 +21,7 @@ from tasks.bundle import (
     PRECISION_PROVIDERS,
     TOKENIZER_FILE,
     Bundle,
+    check_examples,
     file_sha256,
     load_bundle,
     write_manifest,
@@ -44,9 +45,11 @@ def export_bundle(
     data_dir: str | Path | None = None,
     parity_examples: int | None = None,
     min_agreement: float = parity.MIN_AGREEMENT,
+    example_inputs: list[Any] | None = None,
     threads: int | None = None,
     prefer_gpu: bool = True,
     opset: int = onnx_export.OPSET,
+    pooling: str | None = None,
 ) -> Bundle:
     """Export the fine-tuned `checkpoint` folder as a bundle in `out` (replaced if it exists).
 
@@ -54,11 +57,14 @@ def export_bundle(
       quantization; CPU only).
     - `optimize_graph`: `auto` runs ORT's offline BERT optimizer and keeps whichever graph (plain or
       fused, in the target precision) runs faster here (measured); `always` / `never` force the choice.
+    - `example_inputs`: example `inputs` of the task's route, written into the manifest's `examples`
+      (the playground offers them); checked before anything is exported.
     - `data_dir`: the shared data sets for the parity slice (default ../shared/data if present,
       else the shipped samples, else built-in sentences); `parity_examples` examples are checked
       (default: `parity.DEFAULT_EXAMPLES` of the task),
       and fp16/int8 must give the same task answer on `min_agreement` of them (the threshold used
       is written into the manifest).
+    - `pooling`: for `embedding`, overrides the pooling read from the folder's sentence-transformers files.
     Raises `parity.ParityError` when the ONNX model disagrees with PyTorch beyond the threshold.
     """
     import torch
@@ -68,11 +74,12 @@ def export_bundle(
     if threads:
         torch.set_num_threads(threads)
     checkpoint, out = Path(checkpoint), Path(out)
-    model, spec, load_report = onnx_export.load_finetuned(checkpoint, task)
+    model, spec, load_report = onnx_export.load_finetuned(checkpoint, task, pooling)
     if load_report.fresh or load_report.resized:
         log.warning("%s: weights not in the checkpoint were initialized fresh (%s); "
                     "the bundle will not answer as a trained model", checkpoint, load_report)
     config = model.config
+    check_examples(spec.task, example_inputs or [])
     data_dir = Path(data_dir) if data_dir else parity.default_data_dir()
     out.parent.mkdir(parents=True, exist_ok=True)
 
@@ -107,6 +114,8 @@ def export_bundle(
         inputs, outputs = onnx_export.graph_io(model_path)
         manifest = _manifest(spec, config, precision, opset, inputs, outputs, checkpoint, parity_figures,
                              optimization, validated=[r["provider"] for r in reports], out_name=out.name)
+        if example_inputs:
+            manifest["examples"] = example_inputs
         write_manifest(final, manifest)
         if out.exists():
             shutil.rmtree(out)
@@ -198,6 +207,7 @@ def _manifest(spec, config, target_precision, opset, inputs, outputs, checkpoint
             "max_query_length": spec.max_query_length,
             "version_2_with_negative": spec.version_2_with_negative,
             "null_score_diff_threshold": spec.null_score_diff_threshold,
+            **spec.extra,
         },
         "precision": target_precision,
         "execution_providers": PRECISION_PROVIDERS[target_precision],

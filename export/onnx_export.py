@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from tasks.batching import MODEL_INPUT_NAMES
+from tasks.embedding import sentence_transformers_settings
 from tasks.spec import OUTPUT_NAMES, TASK_FILE, TaskSpec
 from training.checkpoint import LoadReport, load_pretrained
 from training.model import MODEL_CLASSES, BertPreTrainedModel
@@ -30,6 +31,12 @@ OUTPUT_AXES: dict[str, dict[int, str]] = {
     "ner": {0: "batch", 1: "sequence"},
     "qa": {0: "batch", 1: "sequence"},
     "fill-mask": {0: "batch", 1: "sequence"},
+    "multiple-choice": {0: "batch"},
+}
+# Outputs whose axes differ from their task's default above.
+OUTPUT_AXES_BY_NAME: dict[str, dict[int, str]] = {
+    "sentence_embedding": {0: "batch"},
+    "hidden_states": {0: "batch", 1: "sequence"},
 }
 
 
@@ -50,11 +57,13 @@ class NamedOutputs(nn.Module):
         return tuple(out[name] for name in self.output_names)
 
 
-def load_finetuned(folder: str | Path, task: str | None = None) -> tuple[BertPreTrainedModel, TaskSpec, LoadReport]:
+def load_finetuned(folder: str | Path, task: str | None = None, pooling: str | None = None
+                   ) -> tuple[BertPreTrainedModel, TaskSpec, LoadReport]:
     """The model and task spec of a fine-tuned folder (HF checkpoint + berth_task.json).
 
-    `task` stands in for a missing berth_task.json (e.g. `fill-mask` on a pretrained MLM checkpoint);
-    labels then come from config.json.
+    `task` stands in for a missing berth_task.json (e.g. `fill-mask` on a pretrained MLM checkpoint,
+    `embedding` on any BERT folder); labels then come from config.json. An embedding's pooling,
+    normalization and length come from the folder's sentence-transformers files (`pooling` overrides).
     """
     folder = Path(folder)
     if not (folder / "config.json").is_file():
@@ -68,12 +77,18 @@ def load_finetuned(folder: str | Path, task: str | None = None) -> tuple[BertPre
         labels = [config["id2label"][str(i)] for i in range(len(config["id2label"]))] if task in (
             "classification", "pair", "ner") and config.get("id2label") else []
         spec = TaskSpec(task=task, labels=labels, problem_type=config.get("problem_type"))
+        if task == "embedding":
+            settings = sentence_transformers_settings(folder)
+            spec.max_seq_length = settings["max_seq_length"]
+            spec.extra = {"pooling": pooling or settings["pooling"], "normalize": settings["normalize"]}
     else:
         raise ExportError(f"{folder}: no {TASK_FILE}; is it a berth fine-tuned folder? (or name the task with --task)")
     model_class = MODEL_CLASSES[spec.head_class]
     overrides: dict[str, Any] = {}
     if spec.labels:
         overrides["id2label"] = dict(enumerate(spec.labels))
+    if spec.task == "embedding":
+        overrides["pooling_mode"] = spec.extra.get("pooling", "mean")
     model, report = load_pretrained(model_class, folder, **overrides)
     model.eval()
     return model, spec, report
@@ -96,7 +111,7 @@ def export_onnx(model: BertPreTrainedModel, task: str, path: str | Path, opset: 
     attention_mask = (input_ids != 0).long()
     token_type_ids = torch.zeros_like(input_ids)
     dynamic_axes = {name: {0: "batch", 1: "sequence"} for name in MODEL_INPUT_NAMES}
-    dynamic_axes.update({name: OUTPUT_AXES[task] for name in output_names})
+    dynamic_axes.update({name: OUTPUT_AXES_BY_NAME.get(name) or OUTPUT_AXES[task] for name in output_names})
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice

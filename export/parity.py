@@ -32,7 +32,9 @@ FP32_MAX_ABS_DIFF = 1e-4
 MIN_AGREEMENT = 0.99
 # Examples in the default dev slice: enough that 99% agreement tolerates an odd flip (1 in 100+),
 # few enough that the gate takes well under a minute on 2 CPU cores (QA windows are 384 tokens).
-DEFAULT_EXAMPLES = {"classification": 256, "pair": 256, "fill-mask": 128, "ner": 128, "qa": 100}
+DEFAULT_EXAMPLES = {"classification": 256, "pair": 256, "fill-mask": 128, "ner": 128, "qa": 100, "embedding": 256,
+                    "multiple-choice": 256}
+EMBEDDING_MIN_COSINE = 0.99  # fp16/int8 embeddings agree when their cosine with PyTorch's is at least this
 REGRESSION_TOLERANCE = 0.01  # a regression score agrees within 1% of the slice's score range (at least 0.01)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -96,7 +98,7 @@ def default_data_dir() -> Path | None:
 def parity_slice(spec: TaskSpec, tokenizer: Tokenizer, data_dir: Path | None, size: int) -> tuple[list[ParityExample], str]:
     """`size` real examples of the task, encoded with the spec's settings, and where they came from."""
     builders = {"classification": _text_slice, "pair": _pair_slice, "ner": _ner_slice, "qa": _qa_slice,
-                "fill-mask": _fill_mask_slice}
+                "fill-mask": _fill_mask_slice, "embedding": _text_slice, "multiple-choice": _pair_slice}
     return builders[spec.task](spec, tokenizer, data_dir, size)
 
 
@@ -217,8 +219,8 @@ def onnx_runner(session: Any, output_names: Sequence[str]) -> Runner:
     return run
 
 
-def _per_token(task: str) -> bool:
-    return task in ("ner", "qa", "fill-mask")
+def _per_token(task: str, output: str = "") -> bool:
+    return task in ("ner", "qa", "fill-mask") or output == "hidden_states"
 
 
 def run_pair(
@@ -242,7 +244,7 @@ def run_pair(
         for name in task_outputs:
             ref, cand = outputs[0][name], outputs[1][name]
             diff = np.abs(ref.astype(np.float64) - cand.astype(np.float64))
-            valid = diff[mask] if _per_token(task) else diff  # (N, ...) real positions only
+            valid = diff[mask] if _per_token(task, name) else diff  # (N, ...) real positions only
             max_diff[name] = max(max_diff[name], float(valid.max()) if valid.size else 0.0)
             sum_diff += float(valid.sum())
             count += valid.size
@@ -252,7 +254,7 @@ def run_pair(
                     array = outputs[side][name][row]
                     if task == "fill-mask":
                         array = array[example.mask_positions]  # (M, V): the vocabulary is large
-                    elif _per_token(task):
+                    elif _per_token(task, name):
                         array = array[: len(feature)]
                     kept[side][example_index][name].append(np.array(array))
     figures = {
@@ -272,7 +274,9 @@ def run_pair(
 
 def task_answer(spec: TaskSpec, example: ParityExample, outputs: dict[str, list[np.ndarray]]) -> Hashable:
     """What the service would answer for this example, reduced to what must not change."""
-    if spec.task in ("classification", "pair"):
+    if spec.task == "embedding":
+        return tuple(float(x) for x in outputs["sentence_embedding"][0])
+    if spec.task in ("classification", "pair", "multiple-choice"):
         logits = outputs["logits"][0]  # (C,)
         kind = classification.resolve_problem_type(spec.problem_type, logits.shape[-1])
         if kind == classification.REGRESSION:
@@ -294,6 +298,9 @@ def task_answer(spec: TaskSpec, example: ParityExample, outputs: dict[str, list[
 
 
 def _agree(a: Hashable, b: Hashable, tolerance: float | None) -> bool:
+    if isinstance(a, tuple) and a and isinstance(a[0], float):  # an embedding
+        u, v = np.asarray(a), np.asarray(b)
+        return float(u @ v / max(np.linalg.norm(u) * np.linalg.norm(v), 1e-12)) >= EMBEDDING_MIN_COSINE
     if tolerance is not None:
         return abs(float(a) - float(b)) <= tolerance
     return a == b
@@ -360,6 +367,8 @@ def _agreement_measure(spec: TaskSpec, tolerance: float | None) -> str:
         return "same best answer span (start, end, no-answer) over all windows, per question"
     if spec.task == "fill-mask":
         return "same top-1 token at the [MASK] position"
+    if spec.task == "embedding":
+        return f"sentence embedding cosine with PyTorch's >= {EMBEDDING_MIN_COSINE}"
     if tolerance is not None:
         return f"regression score within {tolerance:.4g}"
     return "same predicted label(s)"

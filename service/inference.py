@@ -38,7 +38,9 @@ class _ClientGone(Exception):
     pass
 
 
-async def infer(request: Request, runtime: Runtime, handler: TaskHandler, body: Any) -> Response:
+async def infer(request: Request, runtime: Runtime, handler: TaskHandler, body: Any,
+                payload_shape: Callable[[str, list[Any]], dict[str, Any]] | None = None) -> Response:
+    """`payload_shape(model name, results)` replaces the `{"model", "results"}` body (e.g. OpenAI's shape)."""
     started = time.perf_counter()
     model = runtime.resolve(body.model, handler.task)
     request.state.berth_model = model.name
@@ -53,7 +55,8 @@ async def infer(request: Request, runtime: Runtime, handler: TaskHandler, body: 
         results, timings = await _until_done_or_gone(request.receive, work, timeout)
     except _ClientGone:
         return Response(status_code=CLIENT_GONE_STATUS)
-    payload = json.dumps({"model": model.name, "results": results}, ensure_ascii=False).encode("utf-8")
+    body_out = payload_shape(model.name, results) if payload_shape else {"model": model.name, "results": results}
+    payload = json.dumps(body_out, ensure_ascii=False).encode("utf-8")
     total = time.perf_counter() - started
     return Response(payload, media_type="application/json", headers={
         "x-total-time": _ms(total),

@@ -29,9 +29,11 @@ from tasks.tokenizer import CLS, SEP, UNK, EncodedInput, load_tokenizer
 
 log = logging.getLogger("berth.service.models")
 
-# The route that serves each task; a task without a route (fill-mask) is not loaded.
-ROUTES: dict[str, str] = {"classification": "/v1/classify", "pair": "/v1/pair", "ner": "/v1/ner", "qa": "/v1/qa"}
-PER_TOKEN_TASKS = ("ner", "qa")
+# The route that serves each task; a task without a route is not loaded.
+ROUTES: dict[str, str] = {"classification": "/v1/classify", "pair": "/v1/pair", "ner": "/v1/ner", "qa": "/v1/qa",
+                          "embedding": "/v1/embed", "fill-mask": "/v1/fill-mask", "multiple-choice": "/v1/choice"}
+# Tasks whose outputs are trimmed per item to its tokens (embedding is not: its sentence vector is (H,)).
+PER_TOKEN_TASKS = ("ner", "qa", "fill-mask")
 
 
 class RepositoryError(RuntimeError):
@@ -100,6 +102,7 @@ class ServedModel:
             "length_buckets": self.batcher.policy.buckets if self.batcher else [],
             "version_2_with_negative": self.spec.version_2_with_negative if self.task == "qa" else None,
             "ready": self.ready,
+            "examples": self.bundle.examples,
         }
 
 

@@ -9,20 +9,29 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
 from service.errors import ErrorType, ServiceError
-from service.handlers import HANDLERS
+from service.handlers import HANDLERS, OPENAI_EMBEDDINGS, SIMILARITY, openai_payload
 from service.inference import infer
 from service.metrics import CONTENT_TYPE
 from service.runtime import Phase, Runtime
 from service.schemas import (
     ERROR_RESPONSES,
     OFFSETS_NOTE,
+    ChoiceRequest,
+    ChoiceResponse,
     ClassifyRequest,
     ClassifyResponse,
+    EmbeddingsRequest,
+    EmbedRequest,
+    EmbedResponse,
+    FillMaskRequest,
+    FillMaskResponse,
     NERRequest,
     NERResponse,
     PairRequest,
     QARequest,
     QAResponse,
+    SimilarityRequest,
+    SimilarityResponse,
 )
 
 
@@ -75,6 +84,42 @@ question_answering.__doc__ = ("`{answer, start, end, score, is_impossible}` per 
                               "top_k > 1), the best over all windows of the context. " + OFFSETS_NOTE)
 
 
+@v1.post("/embed", response_model=EmbedResponse, summary="Sentence embeddings, or token vectors with offsets")
+async def embed(body: EmbedRequest, request: Request, runtime: RuntimeDep) -> Response:
+    return await infer(request, runtime, HANDLERS["embedding"], body)
+
+
+embed.__doc__ = ("`{embedding, truncated}` per input (pooled as the model was trained; L2-normalized by default); "
+                 "with `\"output\": \"tokens\"` `{tokens: [{token, start, end, embedding}], truncated}`, the "
+                 "`layers` concatenated. " + OFFSETS_NOTE)
+
+
+@v1.post("/embeddings", summary="OpenAI-compatible embeddings")
+async def openai_embeddings(body: EmbeddingsRequest, request: Request, runtime: RuntimeDep) -> Response:
+    """OpenAI's shape: `{object: list, data: [{object: embedding, index, embedding}], model, usage}`; unit
+    vectors; `encoding_format` float or base64 (little-endian float32). Errors keep berth's shape."""
+    return await infer(request, runtime, OPENAI_EMBEDDINGS, body, payload_shape=openai_payload)
+
+
+@v1.post("/similarity", response_model=SimilarityResponse, summary="Cosine similarity of a source with targets")
+async def similarity(body: SimilarityRequest, request: Request, runtime: RuntimeDep) -> Response:
+    """Per input, the cosine of `source` with each of `targets`, from the same embeddings as /v1/embed."""
+    return await infer(request, runtime, SIMILARITY, body)
+
+
+@v1.post("/fill-mask", response_model=FillMaskResponse, summary="Top-k tokens for each [MASK]")
+async def fill_mask(body: FillMaskRequest, request: Request, runtime: RuntimeDep) -> Response:
+    """`[{score, token, token_str, sequence}]` per input (a list per [MASK] when there are several), as
+    transformers' fill-mask pipeline. 422 when an input has no [MASK]."""
+    return await infer(request, runtime, HANDLERS["fill-mask"], body)
+
+
+@v1.post("/choice", response_model=ChoiceResponse, summary="Multiple choice: rank the choices for a context")
+async def choice(body: ChoiceRequest, request: Request, runtime: RuntimeDep) -> Response:
+    """Per input, its choices `{index, choice, score, truncated}`, most probable first (softmax over them)."""
+    return await infer(request, runtime, HANDLERS["multiple-choice"], body)
+
+
 @v1.get("/models", summary="The served models")
 async def list_models(runtime: RuntimeDep) -> dict:
     described = []
@@ -86,7 +131,7 @@ async def list_models(runtime: RuntimeDep) -> dict:
             spec = bundle.spec()
             described.append({"name": name, "task": bundle.task, "labels": spec.labels,
                               "max_seq_length": spec.max_seq_length, "precision": bundle.precision,
-                              "execution_provider": None, "ready": False})
+                              "execution_provider": None, "ready": False, "examples": bundle.examples})
     return {"models": described, "phase": runtime.phase.value}
 
 

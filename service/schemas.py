@@ -87,6 +87,134 @@ class QARequest(_Request):
     ]})
 
 
+class _TruncatingRequest(_Request):
+    truncate: bool = Field(True, description="cut texts (or text pairs, the longer first) longer than the model's "
+                                             "max_seq_length, and say \"truncated\": true; false: refuse them with 413")
+
+
+class EmbedRequest(_TruncatingRequest):
+    inputs: str | list[str] = Field(description="a text or a list of texts")
+    normalize: bool | None = Field(None, description="L2-normalize sentence vectors; default: as the source model "
+                                                     "does (sentence-transformers' Normalize module; true for the "
+                                                     "default embeddings model)")
+    output: Literal["sentence", "tokens"] = Field(
+        "sentence", description="sentence: one pooled vector per input; tokens: a vector per token with its "
+                                "character offsets (the feature-based use)")
+    layers: list[int] = Field([-1], min_length=1, max_length=13,
+                              description="tokens output: hidden layers to concatenate, e.g. [-1, -2, -3, -4] (the "
+                                          "paper's best feature-based setting); 0 is the embedding layer")
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"inputs": ["A man is playing a guitar.", "Someone plays an instrument."]},
+        {"inputs": "Tim Cook visited Berlin.", "output": "tokens", "layers": [-1, -2, -3, -4]},
+    ]})
+
+
+class EmbeddingsRequest(BaseModel):
+    """OpenAI's embeddings request (what LangChain, LlamaIndex and the `openai` client send)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    inputs: str | list[str] = Field(validation_alias="input", description="a text or a list of texts "
+                                    "(token-id arrays are not accepted)")
+    model: str | None = Field(None, description="bundle name (see GET /v1/models); default: the first embedding model")
+    encoding_format: Literal["float", "base64"] = Field("float", description="base64: little-endian float32 bytes")
+    dimensions: int | None = Field(None, ge=1, description="must equal the model's size when given (no shortening)")
+    user: str | None = Field(None, description="accepted and ignored")
+
+    @property
+    def truncate(self) -> bool:
+        return True
+
+    @property
+    def normalize(self) -> bool:
+        return True  # OpenAI's embeddings are unit length; clients may rely on dot product == cosine
+
+
+class SimilarityInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    source: str
+    targets: list[str] = Field(description="1 to 256 texts compared with source")
+
+
+class SimilarityRequest(_TruncatingRequest):
+    inputs: SimilarityInput | list[SimilarityInput] = Field(description="a {source, targets} object or a list")
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"inputs": {"source": "A man is playing a guitar.",
+                    "targets": ["Someone plays an instrument.", "A chef is cooking pasta."]}},
+    ]})
+
+
+class FillMaskRequest(_Request):
+    inputs: str | list[str] = Field(description="a text or a list of texts, each with at least one [MASK]")
+    top_k: int = Field(5, ge=1, le=100, description="candidate tokens per [MASK]")
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"inputs": "Paris is the [MASK] of France.", "top_k": 3},
+    ]})
+
+
+class ChoiceInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    context: str
+    choices: list[str] = Field(description="2 to 64 candidate continuations or answers")
+
+
+class ChoiceRequest(_TruncatingRequest):
+    inputs: ChoiceInput | list[ChoiceInput] = Field(description="a {context, choices} object or a list of them")
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"inputs": {"context": "She opened the umbrella because",
+                    "choices": ["it started to rain.", "the soup was cold.", "the train left."]}},
+    ]})
+
+
+class Embedding(BaseModel):
+    embedding: list[float] | None = Field(None, description="sentence output: the pooled vector")
+    tokens: list[dict[str, Any]] | None = Field(None, description="tokens output: {token, start, end, embedding} per "
+                                                                  "text token. " + OFFSETS_NOTE)
+    truncated: bool = False
+
+
+class EmbedResponse(BaseModel):
+    model: str
+    results: list[Embedding]
+
+
+class SimilarityResponse(BaseModel):
+    model: str
+    results: list[list[float]] = Field(description="per input: the cosine of source with each target, in order")
+
+
+class FilledToken(BaseModel):
+    score: float
+    token: int
+    token_str: str
+    sequence: str = Field(description="the text with this token in place of the [MASK]")
+
+
+class FillMaskResponse(BaseModel):
+    model: str
+    results: list[list[FilledToken] | list[list[FilledToken]]] = Field(
+        description="per input: the top_k candidates (one [MASK]) or a list of them per [MASK], as transformers' "
+                    "fill-mask pipeline")
+
+
+class RankedChoice(BaseModel):
+    index: int = Field(description="position of the choice in the request")
+    choice: str
+    score: float = Field(description="softmax probability over this input's choices")
+    truncated: bool = False
+
+
+class ChoiceResponse(BaseModel):
+    model: str
+    results: list[list[RankedChoice]] = Field(description="per input: its choices, most probable first")
+
+
 class Label(BaseModel):
     label: str | None = None
     score: float

@@ -51,6 +51,8 @@ class ServiceSettings(BaseModel):
     api_key: SecretStr | None = Field(None, description="when set, /v1 routes need `Authorization: Bearer <key>`")
     log_json: bool = Field(False, description="one JSON object per log line")
     log_level: str = Field("info")
+    playground: bool = Field(True, description="serve the playground page at / (false: 404, for locked-down "
+                                               "deployments)")
 
     # -- ONNX Runtime
     intra_op_threads: int = Field(0, ge=0, description="threads per inference (0: ONNX Runtime's default, all cores)")

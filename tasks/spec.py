@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 
 TASK_FILE = "berth_task.json"
 
-Task = Literal["classification", "pair", "ner", "qa", "fill-mask"]
+Task = Literal["classification", "pair", "ner", "qa", "fill-mask", "embedding", "multiple-choice"]
 
 # The model class of training/model.py that each task fine-tunes, and its ONNX output names.
 HEAD_CLASSES: dict[str, str] = {
@@ -23,6 +23,8 @@ HEAD_CLASSES: dict[str, str] = {
     "ner": "BertForTokenClassification",
     "qa": "BertForQuestionAnswering",
     "fill-mask": "BertForMaskedLM",
+    "embedding": "BertForSentenceEmbedding",
+    "multiple-choice": "BertForMultipleChoice",
 }
 OUTPUT_NAMES: dict[str, tuple[str, ...]] = {
     "classification": ("logits",),
@@ -30,6 +32,8 @@ OUTPUT_NAMES: dict[str, tuple[str, ...]] = {
     "ner": ("logits",),
     "qa": ("start_logits", "end_logits"),
     "fill-mask": ("logits",),
+    "embedding": ("sentence_embedding", "hidden_states"),  # (B, H) pooled; (B, T, L + 1, H) every layer
+    "multiple-choice": ("logits",),  # (B, 1): one score per [CLS] context [SEP] choice [SEP] sequence
 }
 
 
@@ -43,7 +47,8 @@ class TaskSpec(BaseModel):
     version_2_with_negative: bool = False  # qa: trained with unanswerable questions (SQuAD v2)
     null_score_diff_threshold: float = 0.0  # qa v2: best threshold found on dev
     dev_metrics: dict[str, float] = Field(default_factory=dict)
-    extra: dict[str, Any] = Field(default_factory=dict)
+    extra: dict[str, Any] = Field(default_factory=dict, description="task-specific settings, e.g. embedding "
+                                                                     "pooling and normalize")
 
     @property
     def head_class(self) -> str:

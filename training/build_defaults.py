@@ -1,4 +1,5 @@
-"""`berth build-defaults`: fine-tune and export the four default bundles that `make run` serves.
+"""`berth build-defaults`: fine-tune and export the four default bundles that `make run` serves, and
+export the embedded base itself as the `embeddings` bundle (seconds, no training).
 
 Each default is the embedded base (all-MiniLM-L6-v2) fine-tuned on a small shipped sample
 (data/samples, permissively licensed) within a time budget, then exported to an ONNX bundle:
@@ -9,6 +10,7 @@ full research sets instead (SST-2, MRPC, CoNLL-2003, SQuAD v1.1).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -16,6 +18,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = REPO / "data" / "samples"
+EXAMPLES = SAMPLES / "examples.json"  # model name -> example inputs written into its bundle (the playground's)
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,7 @@ def build_defaults(out: Path, work: Path, data_dir: Path | None = None, only: li
     if automatic:
         precision = _default_precision()
     built = []
+    examples = default_examples()
     for number, recipe in enumerate(recipes, 1):
         bundle = out / recipe.name
         if (bundle / "bundle.json").is_file() and not force:
@@ -78,7 +82,7 @@ def build_defaults(out: Path, work: Path, data_dir: Path | None = None, only: li
         metrics = run_finetune(settings)
         print(f"[{number}/{len(recipes)}] {recipe.name}: dev {_headline(metrics)}; exporting {precision}", flush=True)
         try:
-            export_bundle(checkpoint, bundle, precision=precision)
+            export_bundle(checkpoint, bundle, precision=precision, example_inputs=examples.get(recipe.name))
         except ParityError as error:
             if not automatic or precision == "fp32":
                 raise
@@ -86,11 +90,36 @@ def build_defaults(out: Path, work: Path, data_dir: Path | None = None, only: li
             # ships in fp32 (exact parity) rather than not at all. An explicit --precision still fails.
             print(f"[{number}/{len(recipes)}] {recipe.name}: {precision} failed its parity gate, "
                   f"exporting fp32 instead:\n{error}", flush=True)
-            export_bundle(checkpoint, bundle, precision="fp32")
+            export_bundle(checkpoint, bundle, precision="fp32", example_inputs=examples.get(recipe.name))
         print(f"[{number}/{len(recipes)}] {recipe.name}: done in {(time.time() - started) / 60:.1f} min -> {bundle}",
               flush=True)
         built.append(bundle)
     return built
+
+
+EMBEDDINGS_BUNDLE = "embeddings"
+
+
+def build_embeddings_bundle(out: Path, force: bool = False, threads: int | None = None) -> Path | None:
+    """The embedded base as it is (a sentence-transformers model: mean pooling, normalized) as the
+    `embeddings` bundle: export only, no training. fp32, so it answers as sentence-transformers does."""
+    from export.bundle_builder import export_bundle
+    from training.checkpoint import default_base_path
+
+    bundle = out / EMBEDDINGS_BUNDLE
+    if (bundle / "bundle.json").is_file() and not force:
+        print(f"[embeddings] bundle exists, skipped ({bundle})", flush=True)
+        return None
+    started = time.time()
+    export_bundle(default_base_path(), bundle, precision="fp32", task="embedding", optimize_graph="never",
+                  parity_examples=64, threads=threads, example_inputs=default_examples().get(EMBEDDINGS_BUNDLE))
+    print(f"[embeddings] exported the base model in {time.time() - started:.0f} s -> {bundle}", flush=True)
+    return bundle
+
+
+def default_examples() -> dict[str, list]:
+    """Model name -> the example inputs its bundle carries (data/samples/examples.json)."""
+    return json.loads(EXAMPLES.read_text(encoding="utf-8"))
 
 
 def _default_precision() -> str:
@@ -115,6 +144,8 @@ def _headline(metrics: dict[str, float]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.only or EMBEDDINGS_BUNDLE in args.only:
+        build_embeddings_bundle(args.out, args.force, args.threads)
     build_defaults(args.out, args.work, args.data_dir, args.only, args.force, args.precision, args.threads)
     return 0
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 
 log = logging.getLogger("berth.finetune")
 
-FinetuneTask = Literal["classification", "pair", "ner", "qa"]
+FinetuneTask = Literal["classification", "pair", "ner", "qa", "multiple-choice"]
 
 
 class FinetuneSettings(BaseModel):
@@ -120,7 +120,7 @@ def run_finetune(settings: FinetuneSettings) -> dict[str, float]:
         num_threads=settings.threads,
     )
     started = time.time()
-    result = train(model, dataset, task_data.collate, train_settings)
+    result = train(model, dataset, getattr(adapter, "collate", task_data.collate), train_settings)
     train_minutes = (time.time() - started) / 60
     # The resumable state (optimizer moments etc., ~3x the model) is only needed while training.
     shutil.rmtree(train_settings.output_dir, ignore_errors=True)

@@ -18,6 +18,8 @@ EXAMPLES = """examples:
       --dev ../shared/data/conll2003/iob2/valid.txt --out runs/conll
   # SQuAD v1.1 from a Hugging Face BERT folder
   berth finetune --task qa --base path/to/bert-base-uncased --train train-v1.1.json --dev dev-v1.1.json --out runs/squad
+  # multiple choice (SWAG's CSV, or JSON lines of {"context", "choices": [...], "label"})
+  berth finetune --task multiple-choice --train swag/train.csv --dev swag/val.csv --out runs/swag
   # your own data: CSV / TSV / JSON lines with text[, text_pair], label columns
   berth finetune --task classification --train mine.csv --dev mine_dev.csv --out runs/mine
 """
@@ -25,9 +27,10 @@ EXAMPLES = """examples:
 
 def _add_settings_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("data")
-    g.add_argument("--task", required=True, choices=["classification", "pair", "ner", "qa"],
+    g.add_argument("--task", required=True, choices=["classification", "pair", "ner", "qa", "multiple-choice"],
                    help="classification: one text -> label; pair: two texts -> label or score; "
-                        "ner: a tag per word; qa: SQuAD answer span")
+                        "ner: a tag per word; qa: SQuAD answer span; multiple-choice: the right choice for a "
+                        "context (SWAG CSV or {context, choices, label} JSON lines)")
     g.add_argument("--train", dest="train_file", required=True, type=Path, help="training data file")
     g.add_argument("--dev", dest="dev_file", type=Path, help="dev data file: evaluated after training")
     g.add_argument("--format", dest="data_format", default="auto",

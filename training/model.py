@@ -1,4 +1,4 @@
-"""The BERT encoder and the five fine-tuning shapes of the paper, in PyTorch.
+"""The BERT encoder, the five fine-tuning shapes of the paper and its feature extractor, in PyTorch.
 
 Parameter names follow Hugging Face's `modeling_bert` exactly, so checkpoints move between the two
 with no renaming (see training/checkpoint.py).
@@ -145,10 +145,13 @@ class BertEncoder(nn.Module):
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
 
-    def forward(self, hidden: Tensor, additive_mask: Tensor) -> Tensor:
+    def forward(self, hidden: Tensor, additive_mask: Tensor, all_layers: bool = False) -> Tensor | list[Tensor]:
+        """The last layer's output, or with `all_layers` the input and every layer's output (L + 1)."""
+        states = [hidden]
         for layer in self.layer:
             hidden = layer(hidden, additive_mask)
-        return hidden
+            states.append(hidden)
+        return states if all_layers else hidden
 
 
 class BertPooler(nn.Module):
@@ -212,7 +215,8 @@ class BertModel(BertPreTrainedModel):
         self.init_weights()
 
     def forward(
-        self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None
+        self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
+        output_hidden_states: bool = False,
     ) -> dict[str, Tensor]:
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
@@ -221,8 +225,11 @@ class BertModel(BertPreTrainedModel):
         hidden = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
         # (B, 1, 1, T): 0 for real tokens, the dtype's most negative value for padding.
         additive_mask = (1.0 - attention_mask[:, None, None, :].to(hidden.dtype)) * torch.finfo(hidden.dtype).min
-        hidden = self.encoder(hidden, additive_mask)
+        states = self.encoder(hidden, additive_mask, all_layers=True)
+        hidden = states[-1]
         out = {"last_hidden_state": hidden}
+        if output_hidden_states:
+            out["hidden_states"] = torch.stack(states, dim=2)  # (B, T, L + 1, H)
         if self.pooler is not None:
             out["pooler_output"] = self.pooler(hidden)
         return out
@@ -420,8 +427,44 @@ class BertForQuestionAnswering(BertPreTrainedModel):
         return out
 
 
+class BertForSentenceEmbedding(BertPreTrainedModel):
+    """The bare encoder as a feature extractor: a pooled sentence vector and every layer's token vectors.
+
+    Pooling (`config.extra["pooling_mode"]`: mean, cls or max over the real tokens of the last layer)
+    follows sentence-transformers' Pooling module, so an exported sentence-transformers model answers
+    as that library does. L2 normalization is left to the caller (a per-request choice).
+    """
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.pooling_mode = config.extra.get("pooling_mode", "mean")
+        if self.pooling_mode not in ("mean", "cls", "max"):
+            raise ValueError(f"unsupported pooling_mode {self.pooling_mode!r}; use mean, cls or max")
+        self.init_weights()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        states = self.bert(input_ids, attention_mask, token_type_ids, output_hidden_states=True)["hidden_states"]
+        last = states[:, :, -1]  # (B, T, H)
+        mask = attention_mask.unsqueeze(-1).to(last.dtype)  # (B, T, 1)
+        if self.pooling_mode == "cls":
+            pooled = last[:, 0]
+        elif self.pooling_mode == "max":
+            pooled = (last + (1.0 - mask) * torch.finfo(last.dtype).min).amax(dim=1)
+        else:
+            pooled = (last * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)  # (B, H)
+        return {"sentence_embedding": pooled, "hidden_states": states}
+
+
 class BertForMultipleChoice(BertPreTrainedModel):
-    """One score per choice (SWAG): inputs are (B, C, T), logits (B, C)."""
+    """One score per choice (SWAG): inputs are (B, C, T), logits (B, C).
+
+    Inputs of (B, T) are B choices scored one by one, logits (B, 1): how the service runs it (every
+    choice is its own sequence in the dynamic batch) and how evaluation runs it.
+    """
 
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -432,6 +475,9 @@ class BertForMultipleChoice(BertPreTrainedModel):
         self.init_weights()
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
+        if input_ids.dim() == 2:
+            _, pooled = self._encode(input_ids, attention_mask, token_type_ids)
+            return {"logits": self.classifier(self.dropout(pooled))}  # (B, 1)
         B, C, T = input_ids.shape
         flat = lambda x: None if x is None else x.reshape(B * C, T)  # noqa: E731
         _, pooled = self._encode(flat(input_ids), flat(attention_mask), flat(token_type_ids))
@@ -453,5 +499,6 @@ MODEL_CLASSES: dict[str, type[BertPreTrainedModel]] = {
         BertForTokenClassification,
         BertForQuestionAnswering,
         BertForMultipleChoice,
+        BertForSentenceEmbedding,
     )
 }

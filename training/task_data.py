@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from tasks import classification, cls_metrics, ner, ner_metrics, qa, qa_metrics, readers
+from tasks import classification, cls_metrics, multiple_choice, ner, ner_metrics, qa, qa_metrics, readers
 from tasks.batching import pad_batch
 from tasks.spec import TaskSpec
 from training.predict import predict
@@ -229,12 +229,67 @@ class QAAdapter:
         return result, {"null_score_diff_threshold": threshold}
 
 
+class MultipleChoiceAdapter:
+    """SWAG CSV or {context, choices, label} JSON lines; accuracy. Training batches are (B, C, T)."""
+
+    def __init__(self, settings, tokenizer: Tokenizer):
+        self.settings = settings
+        self.tokenizer = tokenizer
+
+    def read(self, path: Path, limit: int | None, seed: int | None) -> list[multiple_choice.ChoiceExample]:
+        examples = multiple_choice.read_choices(path)
+        if any(e.label is None for e in examples):
+            raise ValueError(f"{path}: every example needs a label (the index of the right choice)")
+        return _subsample(examples, limit, seed)
+
+    def spec(self, train: list[multiple_choice.ChoiceExample]) -> TaskSpec:
+        counts = sorted({len(e.choices) for e in train})
+        if len(counts) != 1:
+            raise ValueError(f"training examples have {counts} choices; a training set needs one count")
+        return TaskSpec(task="multiple-choice", max_seq_length=self.settings.effective_max_seq_length(),
+                        extra={"num_choices": counts[0]})
+
+    def _encode(self, example, spec: TaskSpec) -> list:
+        return multiple_choice.encode_choices(self.tokenizer, example.context, example.choices, spec.max_seq_length)
+
+    def features(self, examples, spec: TaskSpec, training: bool) -> list[Feature]:
+        return [ChoiceFeature(self._encode(ex, spec), {"labels": ex.label}) for ex in examples]
+
+    @staticmethod
+    def collate(features: Sequence[ChoiceFeature]) -> dict[str, torch.Tensor]:
+        flat = [choice for f in features for choice in f.choices]
+        batch = {k: torch.from_numpy(v).view(len(features), -1, v.shape[1]) for k, v in pad_batch(flat).items()}
+        batch["labels"] = torch.tensor([f.targets["labels"] for f in features], dtype=torch.long)
+        return batch
+
+    def evaluate(self, model, examples, spec: TaskSpec) -> tuple[dict[str, float], dict]:
+        encoded = [self._encode(ex, spec) for ex in examples]
+        flat = [choice for choices in encoded for choice in choices]
+        scores = predict(model, flat, ["logits"], per_token=False, device=_device(model))["logits"]  # (1,) each
+        predicted, at = [], 0
+        for choices in encoded:
+            predicted.append(int(np.argmax([s[0] for s in scores[at : at + len(choices)]])))
+            at += len(choices)
+        return {"accuracy": multiple_choice.accuracy(predicted, [ex.label for ex in examples])}, {}
+
+
+@dataclass
+class ChoiceFeature:
+    """The encoded choices of one multiple-choice example and its label."""
+
+    choices: list
+    targets: dict[str, Any]
+
+    def __len__(self) -> int:
+        return max(len(c) for c in self.choices) * len(self.choices)
+
+
 def _device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
 ADAPTERS = {"classification": ClassificationAdapter, "pair": ClassificationAdapter, "ner": NERAdapter,
-            "qa": QAAdapter}
+            "qa": QAAdapter, "multiple-choice": MultipleChoiceAdapter}
 
 
 def adapter_for(settings, tokenizer: Tokenizer):

@@ -20,7 +20,13 @@ from tasks import qa
 from tasks.spec import TaskSpec
 from tasks.tokenizer import encode, load_tokenizer
 from training.checkpoint import default_base_path, load_pretrained, save_pretrained
-from training.model import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
+from training.model import (
+    BertForMaskedLM,
+    BertForMultipleChoice,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+)
 
 CITIES = ["Paris", "London", "Berlin", "Madrid", "Tokyo", "Lisbon", "Vienna", "Prague", "Oslo", "Dublin", "Cairo",
           "Rome", "Zurich", "Toronto", "Chicago", "Sydney"]
@@ -152,7 +158,21 @@ def build_checkpoints(root: Path) -> dict[str, Path]:
         context_mask[row, window.context_start : window.context_end] = True
     _fit_linear(hidden.flatten(0, 1), torch.tensor(spans), model.qa_outputs, group=context_mask)
     folders["reader"] = _save(model, root / "reader", qa_spec)
+
+    # The base has no MLM head weights: the real encoder and word embeddings (the decoder is tied to
+    # them) with a seeded transform and bias; a plain Hugging Face BertForMaskedLM folder (no berth_task.json).
+    model, _ = load_pretrained(BertForMaskedLM, base)
+    model.eval()
+    folders["masker"] = save_pretrained(model, root / "masker", tokenizer_from=base)
+
+    model, _ = load_pretrained(BertForMultipleChoice, base)
+    nn.init.normal_(model.classifier.weight, std=0.5)
+    folders["chooser"] = _save(model, root / "chooser", TaskSpec(task="multiple-choice", max_seq_length=64))
     return folders
+
+
+# Bundles exported from folders without berth_task.json: the task to name (and the embedded base itself).
+EXPORT_TASKS = {"masker": "fill-mask", "embeddings": "embedding"}
 
 
 def _save(model, folder: Path, spec: TaskSpec) -> Path:

@@ -167,7 +167,10 @@ def test_200_concurrent_mixed_requests_each_get_their_own_results(server, checkp
 def test_models_listing_probes_and_docs(client):
     listing = client.get("/v1/models").json()
     by_name = {m["name"]: m for m in listing["models"]}
-    assert set(by_name) == {"sentiment", "similarity", "entities", "reader"}
+    assert set(by_name) == {"sentiment", "similarity", "entities", "reader", "embeddings", "masker", "chooser"}
+    assert {by_name[n]["task"] for n in ("embeddings", "masker", "chooser")} == {"embedding", "fill-mask",
+                                                                                "multiple-choice"}
+    assert by_name["embeddings"]["max_seq_length"] == 256  # the base's sentence_bert_config.json
     assert by_name["entities"]["task"] == "ner" and by_name["entities"]["labels"] == ["O", "B-LOC", "I-LOC"]
     assert all(m["ready"] and m["execution_provider"] == "CPUExecutionProvider" and m["precision"] == "fp32"
                for m in by_name.values())
@@ -175,7 +178,8 @@ def test_models_listing_probes_and_docs(client):
     assert client.get("/healthz").status_code == 200
     assert client.get("/readyz").json()["status"] == "ready"
     schema = client.get("/openapi.json").json()
-    assert {"/v1/classify", "/v1/pair", "/v1/ner", "/v1/qa", "/v1/models"} <= set(schema["paths"])
+    assert {"/v1/classify", "/v1/pair", "/v1/ner", "/v1/qa", "/v1/models", "/v1/embed", "/v1/embeddings",
+            "/v1/similarity", "/v1/fill-mask", "/v1/choice"} <= set(schema["paths"])
     assert "examples" in str(schema["components"]["schemas"]["QARequest"])
     assert client.get("/docs").status_code == 200
 

@@ -71,3 +71,30 @@ def test_cli_help_lists_working_commands(capsys):
     text = capsys.readouterr().out
     for command in ("finetune", "evaluate", "tokenizer"):
         assert command in text
+
+
+def test_multiple_choice_on_swag_csv_saves_a_transformers_folder(tmp_path):
+    swag = Path(__file__).resolve().parents[1] / "tasks" / "data" / "swag_sample.csv"
+    out = tmp_path / "swag"
+    metrics = run_finetune(FinetuneSettings(task="multiple-choice", train_file=swag, dev_file=swag, out=out,
+                                            threads=2, epochs=1, batch_size=2, max_seq_length=32))
+    spec = TaskSpec.load(out)
+    assert spec.task == "multiple-choice" and spec.extra["num_choices"] == 4 and set(metrics) == {"accuracy"}
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["BertForMultipleChoice"]
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    from tasks import multiple_choice
+
+    hf = transformers.BertForMultipleChoice.from_pretrained(str(out)).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(out))
+    examples = multiple_choice.read_swag(swag)
+    predicted = []
+    for example in examples:
+        encoded = tokenizer([example.context] * 4, example.choices, padding=True, truncation=True, max_length=32,
+                            return_tensors="pt")
+        with torch.no_grad():
+            predicted.append(int(hf(**{k: v[None] for k, v in encoded.items()}).logits.argmax()))
+    assert metrics["accuracy"] == pytest.approx(multiple_choice.accuracy(predicted, [e.label for e in examples]))
+    assert evaluate_folder(out, swag)["accuracy"] == pytest.approx(metrics["accuracy"])

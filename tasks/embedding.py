@@ -1,0 +1,100 @@
+"""Sentence and token embeddings from the bare encoder (the paper's feature-based use). Torch-free.
+
+The bundle's graph does the pooling (mean / cls / max over the real tokens of the last layer, as the
+base's sentence-transformers `1_Pooling/config.json` says) and returns every layer's hidden states;
+here: the settings read from a sentence-transformers folder, L2 normalization, the choice and
+concatenation of layers for token vectors (the paper's best feature-based configuration
+concatenates the last four), and cosine similarity.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tasks.tokenizer import EncodedInput
+
+POOLING_MODES = ("mean", "cls", "max")
+DEFAULT_MAX_SEQ_LENGTH = 512
+ST_POOLING_KEYS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max"}
+
+
+def sentence_transformers_settings(folder: str | Path) -> dict[str, Any]:
+    """Pooling, normalization and max sequence length of a sentence-transformers model folder.
+
+    Reads `modules.json` (is there a Normalize module?), `1_Pooling/config.json` (or the folder its
+    Pooling module names) and `sentence_bert_config.json`. A plain BERT folder gets what
+    sentence-transformers itself would use for it: mean pooling, no normalization module, and the
+    model's position limit (capped at 512).
+    """
+    folder = Path(folder)
+    pooling, normalize, pooling_dir = "mean", False, folder / "1_Pooling"
+    modules_file = folder / "modules.json"
+    if modules_file.is_file():
+        for module in json.loads(modules_file.read_text(encoding="utf-8")):
+            kind = str(module.get("type", ""))
+            if kind.endswith(".Normalize"):
+                normalize = True
+            elif kind.endswith(".Pooling"):
+                pooling_dir = folder / str(module.get("path", "1_Pooling"))
+    if (pooling_dir / "config.json").is_file():
+        config = json.loads((pooling_dir / "config.json").read_text(encoding="utf-8"))
+        chosen = [mode for key, mode in ST_POOLING_KEYS.items() if config.get(key)]
+        others = [k for k, v in config.items() if k.startswith("pooling_mode") and v and k not in ST_POOLING_KEYS]
+        if len(chosen) != 1 or others:
+            raise ValueError(f"{pooling_dir / 'config.json'}: pooling {chosen + others} is not supported; "
+                             f"berth exports exactly one of {POOLING_MODES}")
+        pooling = chosen[0]
+    max_seq_length = DEFAULT_MAX_SEQ_LENGTH
+    model_config = folder / "config.json"
+    if model_config.is_file():
+        positions = json.loads(model_config.read_text(encoding="utf-8")).get("max_position_embeddings")
+        max_seq_length = min(max_seq_length, int(positions or max_seq_length))
+    st_config = folder / "sentence_bert_config.json"
+    if st_config.is_file():
+        max_seq_length = int(json.loads(st_config.read_text(encoding="utf-8")).get("max_seq_length") or max_seq_length)
+    return {"pooling": pooling, "normalize": normalize, "max_seq_length": max_seq_length}
+
+
+def l2_normalize(vectors: np.ndarray) -> np.ndarray:
+    """Each row divided by its L2 norm (a zero row stays zero), as sentence-transformers' Normalize."""
+    norms = np.linalg.norm(vectors, axis=-1, keepdims=True)
+    return vectors / np.maximum(norms, 1e-12)
+
+
+def cosine(source: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """Cosine similarity of one vector (H,) with each row of targets (N, H)."""
+    return l2_normalize(np.atleast_2d(targets)) @ l2_normalize(source[None, :])[0]
+
+
+def check_layers(layers: Sequence[int], num_layers: int) -> list[int]:
+    """Layer indices into the L + 1 hidden states (0 = the embedding layer's output, -1 = the last layer);
+    ValueError names the first that does not exist or repeats."""
+    count = num_layers + 1
+    seen: set[int] = set()
+    for layer in layers:
+        if not -count <= layer < count:
+            raise ValueError(f"layer {layer} does not exist; this model has hidden states 0..{count - 1} "
+                             f"(or -{count}..-1, -1 is the last layer)")
+        if layer % count in seen:
+            raise ValueError(f"layer {layer} is asked for twice")
+        seen.add(layer % count)
+    return list(layers)
+
+
+def token_vectors(encoded: EncodedInput, tokens: Sequence[str], hidden_states: np.ndarray,
+                  layers: Sequence[int]) -> list[dict[str, Any]]:
+    """Per text token (special tokens left out): its vector, the chosen layers concatenated in the order
+    given, and its character span in the text.
+
+    `hidden_states` is (T', L + 1, H) for this input, T' >= its length (padding is cut here).
+    """
+    features = hidden_states[: len(encoded), layers, :]  # (T, K, H)
+    features = features.reshape(features.shape[0], -1)  # (T, K * H)
+    return [{"token": tokens[i], "start": start, "end": end, "embedding": features[i].tolist()}
+            for i, ((start, end), sequence) in enumerate(zip(encoded.offsets, encoded.sequence_ids))
+            if sequence is not None]

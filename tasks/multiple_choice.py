@@ -1,0 +1,94 @@
+"""Multiple choice (the paper's SWAG head): readers, encoding, ranking and accuracy. Torch-free.
+
+Each choice is its own sequence `[CLS] context [SEP] choice [SEP]`; the head gives it one score
+and a softmax over an input's choices gives their probabilities. Training batches the choices of an
+example together (B, C, T); serving and evaluation score every choice as its own sequence (B, 1),
+which is the same computation.
+
+Readers:
+- SWAG's CSV (`sent1`, `sent2`, `ending0`..`ending3`, `label`): the context is `sent1`, choice i is
+  `sent2 + " " + ending_i`, as in the BERT paper and Hugging Face's run_swag;
+- JSON lines: `{"context": "...", "choices": ["...", ...], "label": 0}` (`id` optional).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from tasks.classification import encode_classification, softmax
+from tasks.tokenizer import EncodedInput
+
+SWAG_ENDINGS = ("ending0", "ending1", "ending2", "ending3")
+
+
+@dataclass
+class ChoiceExample:
+    id: str
+    context: str
+    choices: list[str]
+    label: int | None = None
+
+
+def read_swag(path: str | Path) -> list[ChoiceExample]:
+    """SWAG's CSV (train/val have `label`; test has none)."""
+    examples = []
+    with open(path, encoding="utf-8", newline="") as handle:
+        reader = csv.DictReader(handle)
+        missing = [c for c in ("sent1", "sent2", *SWAG_ENDINGS) if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ValueError(f"{path}: not a SWAG CSV, columns {missing} are missing")
+        for number, row in enumerate(reader):
+            label = row.get("label")
+            examples.append(ChoiceExample(
+                id=row.get("fold-ind") or str(number), context=row["sent1"],
+                choices=[f"{row['sent2']} {row[e]}".strip() for e in SWAG_ENDINGS],
+                label=int(label) if label not in (None, "") else None))
+    return examples
+
+
+def read_choice_jsonl(path: str | Path) -> list[ChoiceExample]:
+    examples = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            if not isinstance(row.get("context"), str) or not isinstance(row.get("choices"), list):
+                raise ValueError(f"{path}:{number}: expected {{\"context\": str, \"choices\": [str, ...], \"label\"}}")
+            label = row.get("label")
+            if label is not None and not 0 <= int(label) < len(row["choices"]):
+                raise ValueError(f"{path}:{number}: label {label} is not an index into its {len(row['choices'])} choices")
+            examples.append(ChoiceExample(str(row.get("id", number)), row["context"], [str(c) for c in row["choices"]],
+                                          None if label is None else int(label)))
+    return examples
+
+
+def read_choices(path: str | Path) -> list[ChoiceExample]:
+    """SWAG CSV (.csv) or JSON lines (anything else)."""
+    return read_swag(path) if Path(path).suffix.lower() == ".csv" else read_choice_jsonl(path)
+
+
+def encode_choices(tokenizer: Tokenizer, context: str, choices: Sequence[str], max_length: int) -> list[EncodedInput]:
+    """One `[CLS] context [SEP] choice [SEP]` per choice, the longer text truncated first to max_length."""
+    return [encode_classification(tokenizer, context, choice, max_length=max_length) for choice in choices]
+
+
+def rank_choices(scores: np.ndarray, choices: Sequence[str]) -> list[dict[str, Any]]:
+    """Choices with their softmax probabilities, most probable first (ties keep request order)."""
+    probs = softmax(np.asarray(scores, dtype=np.float32))
+    order = np.argsort(-probs, kind="stable")
+    return [{"index": int(i), "choice": choices[i], "score": float(probs[i])} for i in order]
+
+
+def accuracy(predicted: Sequence[int], gold: Sequence[int]) -> float:
+    if len(predicted) != len(gold) or not gold:
+        raise ValueError(f"{len(predicted)} predictions for {len(gold)} gold labels")
+    return sum(int(p == g) for p, g in zip(predicted, gold)) / len(gold)
