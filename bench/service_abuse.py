@@ -177,6 +177,49 @@ def peak_rss_growth(url: str, pid: int, max_answer_length: int) -> dict[str, Any
             "peak_growth_mb": (field("VmHWM") - before) / 1024, "rss_before_mb": before / 1024}
 
 
+def gil_hold(models: Path, rounds: int = 5) -> dict[str, Any]:
+    """In-process, no HTTP: the longest gap of a thread that wakes every 1 ms while another thread builds
+    the NER windows of a 100,000-character text, with `Tokenizer.encode` (holds the GIL for the whole call,
+    the old service) and with the service's `GilFreeTokenizer` (`encode_batch`, which releases it)."""
+    import threading
+
+    from service.models import GilFreeTokenizer
+    from tasks import ner
+    from tasks.tokenizer import load_tokenizer
+
+    plain = load_tokenizer(models / "entities" / "tokenizer.json")
+    text = filler(17000, 5)[:100_000]
+
+    def longest_gap(fn) -> tuple[float, float]:
+        gaps: list[float] = []
+        stop = threading.Event()
+
+        def tick() -> None:
+            last = time.perf_counter()
+            while not stop.is_set():
+                time.sleep(0.001)
+                now = time.perf_counter()
+                gaps.append(now - last)
+                last = now
+
+        ticker = threading.Thread(target=tick)
+        ticker.start()
+        time.sleep(0.05)
+        begin = time.perf_counter()
+        fn()
+        took = time.perf_counter() - begin
+        stop.set()
+        ticker.join()
+        return took * 1000, max(gaps) * 1000
+
+    out: dict[str, Any] = {}
+    for name, tokenizer in (("encode", plain), ("encode_batch", GilFreeTokenizer(plain))):
+        runs = [longest_gap(lambda t=tokenizer: ner.ner_windows(t, text, 64, 16)) for _ in range(rounds)]
+        out[name] = {"windows_ms_median": statistics.median(r[0] for r in runs),
+                     "longest_gap_ms_median": statistics.median(r[1] for r in runs)}
+    return out
+
+
 def markdown_table(before: dict[str, Any], after: dict[str, Any]) -> str:
     """The before/after table of docs/SERVICE.md, from two result files."""
     def row(name: str, get) -> str:
@@ -200,6 +243,9 @@ def markdown_table(before: dict[str, Any], after: dict[str, Any]) -> str:
              row("/healthz probe during 100,000-char NER: p50 / p99 / max",
                  lambda r: "{p50:.1f} / {p99:.1f} / {max:.1f} ms".format(**r["loop_lag"]["probe_ms_under_load"])),
              row("  same probe, idle server: p99", lambda r: f"{r['loop_lag']['probe_ms_idle']['p99']:.1f} ms"),
+             row("GIL held while building 100,000-char NER windows: longest 1 ms-ticker gap (median of 5)",
+                 lambda r: f"{r['gil']['longest_gap_ms_median']:.1f} ms of {r['gil']['windows_ms_median']:.0f} ms"
+                 if "gil" in r else "-"),
              row("peak RSS growth, QA over 99,000 chars, max_answer_length 64", lambda r: rss(r, 64)),
              row("  max_answer_length 512", lambda r: rss(r, 512))]
     return "\n".join(lines)
@@ -214,9 +260,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--code", type=Path, default=REPO, help="checkout whose service to run (default: this one)")
     parser.add_argument("--label", default="", help="suffix of the result file (e.g. before / after)")
     parser.add_argument("--revision", default=None, help="git revision of --code when it is not a git checkout")
+    parser.add_argument("--gil", nargs=2, type=Path, metavar=("BEFORE", "AFTER"),
+                        help="add the in-process GIL measurement (encode vs encode_batch) to two result files")
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
+    if args.gil:
+        measured = gil_hold(args.models)
+        for path, key in zip(args.gil, ("encode", "encode_batch")):
+            result = json.loads(path.read_text())
+            result["gil"] = measured[key]
+            path.write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps(measured, indent=2))
+        return 0
     if args.table:
         print(markdown_table(*(json.loads(path.read_text()) for path in args.table)))
         return 0
