@@ -85,22 +85,33 @@ def base_image(work: Path) -> str:
     return tag
 
 
-def build_image(dockerfile: Path, tag: str, build_args: dict[str, str], log: Path) -> float:
-    """`podman build` of `dockerfile` from the repository root, as it is; returns the seconds it took.
+class Build:
+    """`podman build` of `dockerfile` from the repository root, as it is, running in the background
+    (the test builds its bundles meanwhile). Its layers are cached (podman's default), so a rebuild
+    with unchanged sources takes seconds."""
 
-    Its layers are cached (podman's default), so a rebuild with unchanged sources takes seconds."""
-    command = ["podman", "build", "--isolation", "chroot", "--format", "docker",  # docker format keeps HEALTHCHECK
-               "--ignorefile", str(dockerfile.parent / f"{dockerfile.name}.dockerignore"),
-               *[f"--build-arg={key}={value}" for key, value in build_args.items()],
-               "-f", str(dockerfile), "-t", tag]
-    if HOST_CA_BUNDLE.is_file():
-        command += ["-v", f"{HOST_CA_BUNDLE}:{HOST_CA_BUNDLE}:ro"]
-    started = time.monotonic()
-    with open(log, "wb") as out:
-        result = subprocess.run([*command, str(REPO)], stdout=out, stderr=subprocess.STDOUT, timeout=1500)
-    if result.returncode != 0:
-        raise AssertionError(f"podman build -f {dockerfile.name} failed ({result.returncode}):\n{tail(log, 6000)}")
-    return time.monotonic() - started
+    def __init__(self, dockerfile: Path, tag: str, build_args: dict[str, str], log: Path):
+        command = ["podman", "build", "--isolation", "chroot", "--format", "docker",  # docker format keeps HEALTHCHECK
+                   "--ignorefile", str(dockerfile.parent / f"{dockerfile.name}.dockerignore"),
+                   *[f"--build-arg={key}={value}" for key, value in build_args.items()],
+                   "-f", str(dockerfile), "-t", tag]
+        if HOST_CA_BUNDLE.is_file():
+            command += ["-v", f"{HOST_CA_BUNDLE}:{HOST_CA_BUNDLE}:ro"]
+        self.name, self.log, self.started = dockerfile.name, log, time.monotonic()
+        with open(log, "wb") as out:
+            self.process = subprocess.Popen([*command, str(REPO)], stdout=out, stderr=subprocess.STDOUT)
+
+    def wait(self, timeout: float = 1500) -> float:
+        """The seconds the build took; fails with its log if it failed."""
+        try:
+            code = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise
+        if code != 0:
+            raise AssertionError(f"podman build -f {self.name} failed ({code}):\n{tail(self.log, 6000)}")
+        return time.monotonic() - self.started
 
 
 @dataclass

@@ -25,10 +25,10 @@ import pytest
 
 from tests.deploy.conftest import DOCKER, free_port, tail, wait_for
 from tests.deploy.images import (
+    Build,
     Container,
     Image,
     base_image,
-    build_image,
     healthcheck_command,
     require_image_tools,
     run_in,
@@ -116,7 +116,11 @@ def image(request, base, work):
     case = CASES[request.param]
     args = {**{name: base for name in case.base_args}, **case.extra_args}
     tag = f"localhost/berth-test:{case.name}"
-    seconds = build_image(case.dockerfile, tag, args, work / f"build-{case.name}.log")
+    build = Build(case.dockerfile, tag, args, work / f"build-{case.name}.log")
+    try:
+        request.getfixturevalue("models")  # built while podman builds: the two share two cores well
+    finally:
+        seconds = build.wait()
     built = Image.mount(tag)
     print(f"\n{case.dockerfile.name}: built in {seconds:.0f} s, {built.size / 1e6:.0f} MB")
     try:
