@@ -100,7 +100,12 @@ class ServedModel:
             "length_buckets": self.batcher.policy.buckets if self.batcher else [],
             "version_2_with_negative": self.spec.version_2_with_negative if self.task == "qa" else None,
             "ready": self.ready,
+            "below_quality_floor": self.below_quality_floor,
         }
+
+    @property
+    def below_quality_floor(self) -> bool:
+        return bool(self.bundle.quality.get("below_floor", False))
 
 
 def discover(settings: ServiceSettings) -> list[Bundle]:
@@ -154,6 +159,10 @@ def load_model(bundle: Bundle, settings: ServiceSettings, metrics: Metrics) -> S
     batcher = Batcher(name, engine, policy, metrics, per_token=spec.task in PER_TOKEN_TASKS)
     model = ServedModel(name, bundle, spec, load_tokenizer(bundle.tokenizer_path), engine, batcher)
     metrics.register_model(name, spec.task, bundle.precision, engine.provider)
+    if model.below_quality_floor:
+        quality = bundle.quality
+        log.warning("MODEL %s IS BELOW ITS QUALITY FLOOR: dev %s %s < %s; its answers are not to be trusted",
+                    name, quality.get("metric"), quality.get("value"), quality.get("floor"))
     if settings.warmup:
         model.warmup_shapes = warm_up(model)
     model.load_seconds = time.perf_counter() - started
