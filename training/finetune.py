@@ -40,6 +40,9 @@ class FinetuneSettings(BaseModel):
     doc_stride: int | None = Field(None, description="qa: context tokens shared by windows (default 128); "
                                    "ner: window overlap when serving long texts (default max_seq_length // 4)")
     max_query_length: int = 64
+    label_all_tokens: bool = Field(True, description="ner: train every sub-token (B-X continued as I-X), not only "
+                                   "a word's first, so token-level entity grouping (the service's `simple`) is "
+                                   "trained too; dev scores use each word's first sub-token either way")
     version_2_with_negative: bool | None = Field(None, description="qa: default from the data")
     epochs: float = 3.0
     learning_rate: float = 5e-5
