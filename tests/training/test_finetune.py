@@ -36,6 +36,12 @@ def test_classification_learns_and_saves_a_servable_folder(tmp_path):
     assert config["id2label"]["0"] == "arts_media" and config["architectures"] == ["BertForSequenceClassification"]
     again = evaluate_folder(out, SAMPLES / "topics/dev.jsonl", limit=100)
     assert again["accuracy"] == pytest.approx(metrics["accuracy"])
+    # The default base was trained with mean pooling: the head uses it, and says so.
+    assert spec.pooling == "mean" and config["classifier_pooling"] == "mean"
+    record = json.loads((out / "finetune_run.json").read_text())
+    assert len(record["provenance"]["git_revision"]) >= 40 and record["provenance"]["libraries"]["torch"]
+    assert record["speed"]["threads"] == 2 and record["speed"]["examples_per_s"] > 0
+    assert record["speed"]["padded_over_real_tokens"] >= 1.0
 
 
 def test_pair_regression(tmp_path):
