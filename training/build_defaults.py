@@ -186,8 +186,13 @@ def _train_to_floor(recipe: Recipe, root: Path, work: Path, threads: int | None,
     if _below_floor(recipe, metrics) and recipe.more:
         print(f"{tag}: under its floor; training on ({recipe.more})", flush=True)
         checkpoint = work / f"{recipe.name}-more"
+        from tasks.spec import TaskSpec
+
+        # From the first round's model, with its head as it is (a fine-tuned folder has no sentence-
+        # transformers pooling file, so `auto` would switch a mean-pooled head to cls).
+        pooling = TaskSpec.load(settings.out).pooling or "auto"
         more = settings.model_copy(update={"base": str(settings.out), "out": checkpoint, "seed": settings.seed + 1,
-                                           **recipe.more})
+                                           "pooling": pooling, **recipe.more})
         metrics = run_finetune(more)
         rounds = 2
         print(f"{tag}: dev after the second round {_headline(metrics)}{_against_floor(recipe, metrics)}", flush=True)
