@@ -16,10 +16,11 @@ from pathlib import Path
 ROUTES = {"qa": "/v1/qa", "ner": "/v1/ner", "pair": "/v1/pair", "classification": "/v1/classify"}
 
 
-def _number(value: float | None, metric: str) -> str:
+def _number(value: float | None, scale_of: float | None) -> str:
+    """SQuAD EM/F1 come on a 0-100 scale, the other metrics (conlleval F1 included) on 0-1."""
     if value is None:
         return "—"
-    return f"{value:.1f}" if metric in ("f1", "exact") else f"{value:.3f}"
+    return f"{value:.1f}" if (scale_of or 0) > 1 else f"{value:.3f}"
 
 
 def model_table(record: dict) -> str:
@@ -32,7 +33,8 @@ def model_table(record: dict) -> str:
         rows.append(
             f"| `{model['name']}` | `{ROUTES[model['task']]}` | `{model['train']}` ({model['train_examples']:,} × "
             f"{model['options'].get('epochs', 1):g}) | {metric} on `{model['dev']}` ({model['dev_examples']:,}) | "
-            f"**{_number(quality.get('value'), metric)}**{status} | {_number(quality.get('floor'), metric)} | "
+            f"**{_number(quality.get('value'), quality.get('floor'))}**{status} | "
+            f"{_number(quality.get('floor'), quality.get('floor'))} | "
             f"{quality.get('rounds', 1)} | {model['precision']} | {model['wall_minutes']:.1f} / {model['cpu_minutes']:.1f} |")
     return "\n".join(rows)
 
