@@ -63,7 +63,7 @@ def workloads(sst2_examples: int, squad_questions: int) -> dict[str, dict[str, A
                                  doc_stride=128)
         adapter = task_data.adapter_for(squad, tokenizer)
         examples = adapter.read(squad_file, limit=squad_questions, seed=0)
-        out[f"SQuAD windows {length}"] = {"task": "qa", "batch_size": 16,
+        out[f"SQuAD windows {length}"] = {"task": "qa", "batch_size": 8,
                                           "features": adapter.features(examples, adapter.spec(examples), training=True)}
     return out
 
