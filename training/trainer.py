@@ -721,6 +721,9 @@ class _Run:
         s = self.settings
         warmup = s.warmup_steps if s.warmup_steps is not None else math.ceil(s.warmup_ratio * total)
         if total != self.plan.total_steps:
+            if self.ctx.is_main and abs(total - self.plan.total_steps) > 0.05 * self.plan.total_steps:
+                log.info("budget %.1f min at %.2f s/step: %d steps in all (planned %d), warmup %d", s.max_minutes,
+                         seconds / steps, total, self.planned_steps, min(warmup, total))
             self._set_plan(total, min(warmup, total))
 
     def _set_plan(self, total: int, warmup: int) -> None:
