@@ -114,18 +114,18 @@ def runs_table(records: list[dict]) -> str:
 
 
 def targets_table(records: list[dict]) -> str:
-    lines = ["| task | target (issue 11) | measured this session | met? |", "|---|---|---|---|"]
+    lines = ["| task | target (issue 11) | measured this session | met? | what the run was |", "|---|---|---|---|---|"]
     for task, targets in TARGETS.items():
         runs = [r for r in records if r["_task"] == task and this_session(r)]
         best = max(runs, key=lambda r: r["dev_metrics"].get(targets[0].metric, float("-inf")), default=None)
         for target in targets:
             goal = f"{target.metric} ≥ {target.floor:g}"
             if best is None or target.metric not in best["dev_metrics"]:
-                lines.append(f"| {task} | {goal} | not run this session | — |")
+                lines.append(f"| {task} | {goal} | not run this session | — | — |")
                 continue
             value = best["dev_metrics"][target.metric] * target.scale
             verdict = "yes" if value >= target.floor else f"no, short by {target.floor - value:.3g}"
-            lines.append(f"| {task} | {goal} | {value:.3g} (`{best['_name']}`) | {verdict} |")
+            lines.append(f"| {task} | {goal} | {value:.3g} (`{best['_name']}`) | {verdict} | {recipe(best)} |")
     return "\n".join(lines)
 
 
@@ -143,6 +143,17 @@ def speed_table(records: list[dict]) -> str:
              f"{m['load_average'][0]:.1f} before / {m['load_average_after'][0]:.1f} after (a shared machine: "
              f"read the speed-up column, measured side by side, not the absolute rates).")
     return data["markdown"] + "\n\n" + facts
+
+
+def recipe(record: dict) -> str:
+    """What was tried, from the record: steps run of those planned, budget, rate, pooling, threads."""
+    s, sched = record["settings"], record.get("schedule") or {}
+    steps = f"{sched['steps']} of {sched['planned_steps']} planned steps" if sched else f"{record['train_result']['steps']} steps"
+    budget = f", budget {s['max_minutes']:g} min" + (" (fitted)" if sched.get("fitted_to_budget") else "") if s.get("max_minutes") else ""
+    chosen = record.get("pooling") or s.get("pooling")
+    pooling = f", {chosen} pooling" if chosen and s["task"] in ("classification", "pair") else ""
+    return (f"{steps} ({record['train_result']['epochs']:.2f} epochs){budget}, lr {s['learning_rate']:g}, "
+            f"batch {s['batch_size']}{pooling}, {record['speed']['threads']} threads")
 
 
 BLOCKS = {"targets": targets_table, "runs": runs_table, "speed": speed_table}
