@@ -151,6 +151,10 @@ def recipe(record: dict) -> str:
     steps = f"{sched['steps']} of {sched['planned_steps']} planned steps" if sched else f"{record['train_result']['steps']} steps"
     budget = f", budget {s['max_minutes']:g} min" + (" (fitted)" if sched.get("fitted_to_budget") else "") if s.get("max_minutes") else ""
     chosen = record.get("pooling") or s.get("pooling")
+    if chosen == "auto" and Path(record["base"]).is_dir():  # records made before the choice was recorded
+        from training.finetune import default_pooling
+
+        chosen = default_pooling(Path(record["base"]))
     pooling = f", {chosen} pooling" if chosen and s["task"] in ("classification", "pair") else ""
     return (f"{steps} ({record['train_result']['epochs']:.2f} epochs){budget}, lr {s['learning_rate']:g}, "
             f"batch {s['batch_size']}{pooling}, {record['speed']['threads']} threads")
