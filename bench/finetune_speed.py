@@ -166,7 +166,7 @@ def markdown_table(results: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from training.threads import default_threads
+    from training.threads import usable_cores
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--compile", action="store_true", help="also the torch.compile variant")
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
 
-    all_cores = default_threads()
+    all_cores = usable_cores()  # every core, whatever the load (the trainer's default also looks at the load)
     variants = list(VARIANTS if args.compile else VARIANTS[:3])
     settings = {"variants": variants, "repetitions": args.repetitions, "sst2_examples": args.sst2_examples,
                 "squad_questions": args.squad_questions, "all_cores": all_cores,
