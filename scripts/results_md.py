@@ -160,7 +160,27 @@ def recipe(record: dict) -> str:
             f"batch {s['batch_size']}{pooling}, {record['speed']['threads']} threads")
 
 
-BLOCKS = {"targets": targets_table, "runs": runs_table, "speed": speed_table}
+PROBE = REPO / "bench" / "results" / "pooling_probe.json"
+
+
+def pooling_table(records: list[dict]) -> str:
+    """The linear probe of bench/pooling_probe.py: the measurement behind --pooling auto."""
+    if not PROBE.is_file():
+        return "(not measured: run `python -m bench.pooling_probe`)"
+    data = json.loads(PROBE.read_text(encoding="utf-8"))
+    acc, pooler = data["dev_accuracy"], data["pooler"]
+    return "\n".join([
+        f"| pooling | SST-2 dev accuracy, linear probe on frozen features ({data['train_sentences']:,} training "
+        f"sentences, all {data['dev_sentences']} dev) |",
+        "|---|---:|",
+        *(f"| {name} | {100 * value:.1f} |" for name, value in acc.items()),
+        "",
+        f"The base's pooler: dense weight std {pooler['weight_std']:.4f}, diagonal mean {pooler['diagonal_mean']:.5f} "
+        f"(git {str(data['machine']['git_revision'])[:12]}).",
+    ])
+
+
+BLOCKS = {"targets": targets_table, "runs": runs_table, "speed": speed_table, "pooling": pooling_table}
 
 
 def render(text: str, records: list[dict]) -> str:
