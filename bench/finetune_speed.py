@@ -165,6 +165,31 @@ def markdown_table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def padding_of_whole_sets(output: Path) -> None:
+    """Padded / real tokens of one epoch over the *whole* training sets, random vs length-grouped order
+    (batch 32, the trainer's own batch order; no timing, so the machine's load does not matter)."""
+    from training.threads import usable_cores
+
+    rows = []
+    for name, work in workloads(10**9, 10**9).items():
+        lengths = [len(f) for f in work["features"]]
+        entry = {"workload": name, "examples": len(lengths), "real_tokens": sum(lengths)}
+        for grouped in (False, True):
+            settings = TrainSettings(output_dir="unused", batch_size=32, seed=0, group_by_length=grouped)
+            batches = epoch_batches(len(lengths), settings, 0, lengths=lengths)
+            padded = sum(len(b) * max(lengths[i] for i in b) for b in batches)
+            entry["grouped" if grouped else "random"] = padded / entry["real_tokens"]
+        rows.append(entry)
+        print(f"{name:<22}{entry['examples']:>8}  padded/real random {entry['random']:.2f}  grouped {entry['grouped']:.2f}",
+              flush=True)
+    table = ["| training set (all of it) | examples | padded / real tokens, random order | length-grouped |",
+             "|---|---:|---:|---:|"]
+    table += [f"| {r['workload']} | {r['examples']:,} | {r['random']:.2f} | {r['grouped']:.2f} |" for r in rows]
+    output.write_text(json.dumps({"machine": machine_facts(usable_cores()), "batch_size": 32, "results": rows,
+                                  "markdown": "\n".join(table)}, indent=2) + "\n")
+    print(f"wrote {output}")
+
+
 def main(argv: list[str] | None = None) -> None:
     from training.threads import usable_cores
 
@@ -175,7 +200,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--squad-questions", type=int, default=48, help="SQuAD questions (their windows)")
     parser.add_argument("--only", nargs="+", help="workload names to run (prefix match)")
     parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--padding-only", action="store_true",
+                        help="only padded/real tokens over the whole training sets (no timing) -> "
+                             "bench/results/finetune_padding.json")
     args = parser.parse_args(argv)
+    if args.padding_only:
+        return padding_of_whole_sets(RESULTS.with_name("finetune_padding.json"))
 
     all_cores = usable_cores()  # every core, whatever the load (the trainer's default also looks at the load)
     variants = list(VARIANTS if args.compile else VARIANTS[:3])

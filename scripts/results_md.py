@@ -160,6 +160,16 @@ def recipe(record: dict) -> str:
             f"batch {s['batch_size']}{pooling}, {record['speed']['threads']} threads")
 
 
+PADDING = REPO / "bench" / "results" / "finetune_padding.json"
+
+
+def padding_table(records: list[dict]) -> str:
+    if not PADDING.is_file():
+        return "(not measured: run `python -m bench.finetune_speed --padding-only`)"
+    data = json.loads(PADDING.read_text(encoding="utf-8"))
+    return data["markdown"] + f"\n\n(batch {data['batch_size']}, git {str(data['machine']['git_revision'])[:12]})"
+
+
 PROBE = REPO / "bench" / "results" / "pooling_probe.json"
 
 
@@ -180,7 +190,8 @@ def pooling_table(records: list[dict]) -> str:
     ])
 
 
-BLOCKS = {"targets": targets_table, "runs": runs_table, "speed": speed_table, "pooling": pooling_table}
+BLOCKS = {"targets": targets_table, "runs": runs_table, "speed": speed_table, "padding": padding_table,
+          "pooling": pooling_table}
 
 
 def render(text: str, records: list[dict]) -> str:
