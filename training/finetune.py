@@ -187,6 +187,7 @@ def run_finetune(settings: FinetuneSettings) -> dict[str, float]:
         "eval_minutes": round(eval_minutes, 2),
         "train_result": getattr(result, "__dict__", str(result)),
         "dev_metrics": metrics,
+        "pooling": spec.pooling,  # the resolved choice (settings.pooling may say "auto")
         "provenance": run_provenance(),
         "speed": {  # over the training time, all ranks
             "threads": result.threads,

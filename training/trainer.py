@@ -638,9 +638,10 @@ class _Run:
             self.micro_done += group
             self.step += 1
             self.bar.update(1)
-            out_of_time = s.max_minutes is not None and any_rank(self.ctx, self._elapsed() > self._hard_limit_s())
-            if self._fitting() and (self.step - self.fit_from_step in (2, 5) or self._due(s.log_every_steps)):
+            if self._fitting():
                 self._fit_plan_to_budget()
+            out_of_time = (s.max_minutes is not None and self.step < self.plan.total_steps
+                           and any_rank(self.ctx, self._elapsed() > self._hard_limit_s()))
             if self._due(s.log_every_steps) or self.step == self.plan.total_steps or out_of_time:
                 self._log(window)
                 window.reset()
@@ -706,7 +707,7 @@ class _Run:
 
         The speed is counted from the end of the first step of this invocation (which pays for warm-up);
         the plan only shrinks (never past what epochs / max_steps asked) and the warmup keeps its ratio.
-        Refitted at every log step, so a machine that slows down or speeds up moves the end, not the budget.
+        Refitted after every step, so a machine that slows down or speeds up moves the end, not the budget.
         """
         now = time.perf_counter()
         if self.fit_from_time is None:
@@ -716,11 +717,14 @@ class _Run:
         if steps <= 0 or seconds <= 0:
             return
         remaining_s = self.settings.max_minutes * 60 - self._elapsed()
-        total = self.step + max(1, math.floor(remaining_s * steps / seconds))
+        total = self.step + max(0, math.floor(remaining_s * steps / seconds))  # this step when the budget is spent
         total = broadcast_object(self.ctx, min(self.planned_steps, total))
         s = self.settings
         warmup = s.warmup_steps if s.warmup_steps is not None else math.ceil(s.warmup_ratio * total)
         if total != self.plan.total_steps:
+            if self.ctx.is_main and abs(total - self.plan.total_steps) > 0.05 * self.plan.total_steps:
+                log.info("budget %.1f min at %.2f s/step: %d steps in all (planned %d), warmup %d", s.max_minutes,
+                         seconds / steps, total, self.planned_steps, min(warmup, total))
             self._set_plan(total, min(warmup, total))
 
     def _set_plan(self, total: int, warmup: int) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from training.threads import cgroup_cpu_quota, default_threads, usable_cores
+from training.threads import cgroup_cpu_quota, default_threads, idle_cores, usable_cores
 
 
 def affinity() -> int:
@@ -37,7 +37,17 @@ def test_no_cgroup_files_and_unreadable_ones(tmp_path):
     assert cgroup_cpu_quota(tmp_path) is None
 
 
+def test_busy_cores_are_left_alone(monkeypatch):
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.2, 0.1, 0.1))
+    assert idle_cores(8) == 8  # a quiet machine: every core
+    monkeypatch.setattr(os, "getloadavg", lambda: (3.4, 2.0, 1.0))
+    assert idle_cores(8) == 5
+    monkeypatch.setattr(os, "getloadavg", lambda: (25.0, 24.0, 20.0))
+    assert idle_cores(2) == 1  # oversubscribed: one thread, never zero
+
+
 def test_torchrun_ranks_share_the_cores(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     assert default_threads(tmp_path) == max(1, affinity() // 2)
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
