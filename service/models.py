@@ -124,7 +124,12 @@ class ServedModel:
             "version_2_with_negative": self.spec.version_2_with_negative if self.task == "qa" else None,
             "ready": self.ready,
             "examples": self.bundle.examples,
+            "below_quality_floor": self.below_quality_floor,
         }
+
+    @property
+    def below_quality_floor(self) -> bool:
+        return bool(self.bundle.quality.get("below_floor", False))
 
 
 def discover(settings: ServiceSettings) -> list[Bundle]:
@@ -199,6 +204,10 @@ def load_model(bundle: Bundle, settings: ServiceSettings, metrics: Metrics, intr
                       compute_slots=compute_slots)
     model = ServedModel(name, bundle, spec, load_bundle_tokenizer(bundle), engine, batcher)
     metrics.register_model(name, spec.task, bundle.precision, engine.provider)
+    if model.below_quality_floor:
+        quality = bundle.quality
+        log.warning("MODEL %s IS BELOW ITS QUALITY FLOOR: dev %s %s < %s; its answers are not to be trusted",
+                    name, quality.get("metric"), quality.get("value"), quality.get("floor"))
     if settings.warmup:
         model.warmup_shapes = warm_up(model)
     model.load_seconds = time.perf_counter() - started

@@ -86,6 +86,8 @@ class Bundle(BaseModel):
     source: dict[str, Any] = Field(default_factory=dict)
     parity: dict[str, Any] = Field(default_factory=dict)
     optimization: dict[str, Any] = Field(default_factory=dict)
+    # build-defaults' dev-metric floor check: metric, floor, value, below_floor, rounds
+    quality: dict[str, Any] = Field(default_factory=dict)
     # manifest key "model_config" (hidden size, heads, layers, vocab); `model_config` is pydantic's own name
     encoder_config: dict[str, Any] = Field(default_factory=dict, alias="model_config")
     # example `inputs` of the task's route (the playground offers them); optional
