@@ -86,10 +86,10 @@ def test_shipped_jsonl_samples():
     samples = Path(__file__).resolve().parents[2] / "data" / "samples"
     if not samples.is_dir():
         pytest.skip(f"no shipped samples at {samples}")
-    stsb = read_table(samples / "stsb_images" / "dev.jsonl", regression=True)
-    assert len(stsb) == 250 and all(isinstance(e.label, float) and e.text_pair for e in stsb)
-    topics = read_table(samples / "topic_questions" / "dev.jsonl")
-    assert len(topics) == 600 and all(e.text_pair is None for e in topics)
+    stsb = read_table(samples / "stsb" / "dev.jsonl", regression=True)
+    assert len(stsb) == 125 and all(isinstance(e.label, float) and e.text_pair for e in stsb)
+    topics = read_table(samples / "topics" / "dev.jsonl")
+    assert len(topics) == 750 and all(e.text_pair is None for e in topics)
     assert {e.label for e in topics} == {"people", "places", "science_tech", "arts_media", "society"}
 
 
