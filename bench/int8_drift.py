@@ -61,16 +61,22 @@ def main(argv: list[str] | None = None) -> int:
     from training.finetune import FinetuneSettings
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("folder", type=Path)
-    parser.add_argument("--dev", type=Path, required=True)
-    parser.add_argument("--train", type=Path, required=True, help="training file: calibration data")
+    parser.add_argument("folder", type=Path, nargs="?")
+    parser.add_argument("--dev", type=Path)
+    parser.add_argument("--train", type=Path, help="training file: calibration data")
     parser.add_argument("--limit", type=int, default=500, help="dev examples scored")
     parser.add_argument("--drift-examples", type=int, default=64, help="dev examples for the drift figures")
     parser.add_argument("--recipes", nargs="+", default=list(precision.RECIPES))
     parser.add_argument("--no-sensitivity", action="store_true")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--markdown", action="store_true", help="print the docs tables from bench/results and exit")
     args = parser.parse_args(argv)
+    if args.markdown:
+        print(markdown(sorted(RESULTS.glob("int8_drift-*.json"))))
+        return 0
+    if not (args.folder and args.dev and args.train):
+        parser.error("folder, --dev and --train are needed (or --markdown)")
 
     torch.set_num_threads(args.threads)
     model, spec, _ = load_finetuned(args.folder)
@@ -130,6 +136,38 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {out}")
     return 0
+
+
+def _metric(task: str, metrics: dict[str, float]) -> tuple[str, float]:
+    name = next(k for k in ("f1", "accuracy", "pearson") if k in metrics)
+    return name, metrics[name] * (1.0 if task == "qa" else 100.0)
+
+
+def markdown(paths: list[Path]) -> str:
+    """The docs/ENGINE.md tables from int8_drift records: recipes per model, then the sensitivity."""
+    records = [json.loads(p.read_text(encoding="utf-8")) for p in paths]
+    lines = ["| model (task) | dev examples | recipe | metric | fp32 | int8 | int8 − fp32 (points) | mean / max |Δ output| "
+             "| int8 speed-up 1×32 / 8×128 |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in records:
+        name, fp32 = _metric(r["task"], r["fp32"]["metrics"])
+        for recipe, figures in r["recipes"].items():
+            value = _metric(r["task"], figures["metrics"])[1]
+            speed = figures["speedup_vs_fp32"]
+            lines.append(f"| {Path(r['model']).name} ({r['task']}) | {r['dev_examples']} | {recipe} | {name} | "
+                         f"{fp32:.2f} | {value:.2f} | {value - fp32:+.2f} | {figures['mean_abs_diff']:.4f} / "
+                         f"{figures['max_abs_diff']:.3f} | {speed['1x32']:.2f}× / {speed['8x128']:.2f}× |")
+    for r in records:
+        if "sensitivity" not in r:
+            continue
+        ranked = sorted(r["sensitivity"].items(), key=lambda kv: -kv[1]["mean_abs_diff"])
+        total = sum(v["mean_abs_diff"] for _, v in ranked)
+        lines += ["", f"Sensitivity, {Path(r['model']).name} ({r['task']}): one group quantized at a time (dynamic "
+                  f"int8), the rest fp32, {r['drift_inputs']} dev inputs; the six largest of {len(ranked)} groups:", "",
+                  "| group | mean |Δ output| | share of the sum | max |Δ output| |", "|---|---|---|---|"]
+        for group, v in ranked[:6]:
+            lines.append(f"| {group} | {v['mean_abs_diff']:.4f} | {100 * v['mean_abs_diff'] / total:.0f}% | "
+                         f"{v['max_abs_diff']:.3f} |")
+    return "\n".join(lines)
 
 
 def _headline(metrics: dict[str, float]) -> str:
