@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import UTC, datetime
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -181,6 +181,7 @@ def load_bundle(folder: str | Path, verify_hashes: bool = True) -> Bundle:
         if name not in bundle.files:
             raise BundleError(f"{manifest_path}: 'files' does not list {name}")
     for name, info in bundle.files.items():
+        check_file_name(name, manifest_path)
         path = folder / name
         if not path.is_file():
             raise BundleError(f"{path}: missing (listed in {MANIFEST_FILE})")
@@ -192,6 +193,15 @@ def load_bundle(folder: str | Path, verify_hashes: bool = True) -> Bundle:
         if verify_hashes and file_sha256(path) != info.sha256:
             raise BundleError(f"{path}: sha256 differs from {MANIFEST_FILE} (altered or corrupted)")
     return bundle
+
+
+def check_file_name(name: str, manifest_path: Path) -> None:
+    """A manifest's file names stay inside the bundle folder: relative, no `..`, no backslash or drive."""
+    parts = PurePosixPath(name).parts
+    if (not name or PurePosixPath(name).is_absolute() or PureWindowsPath(name).drive or "\\" in name
+            or ".." in parts or "\0" in name):
+        raise BundleError(f"{manifest_path}: file name {name!r} is not a plain relative path inside the bundle "
+                          "(absolute paths and '..' are refused)")
 
 
 def _check_consistency(bundle: Bundle, manifest_path: Path) -> None:
