@@ -2,9 +2,9 @@
 
 All three run through the same evaluation code as `berth evaluate` (training/task_data.py: the task
 layer's encoding and decoding, the official metrics), the ONNX models wrapped as a torch module that
-calls ONNX Runtime. The int8 graph is made as `berth export --precision int8` makes it (by default the
-static recipe calibrated on the model's own training file, from its finetune_run.json; `--recipe` for
-another of export/precision.py RECIPES). Speed: the fp32 and int8 sessions side by side at batch 1 and
+calls ONNX Runtime. The int8 graph is made as `berth export --precision int8` makes it (export/precision.py
+DEFAULT_RECIPE; `--recipe` for another, static ones calibrated on the model's own training file from
+its finetune_run.json or `--train`). Speed: the fp32 and int8 sessions side by side at batch 1 and
 batch 8 of the task's typical length. Usage, from the repository root:
 
     .venv/bin/python -m bench.int8_accuracy runs/sst2 --data ../shared/data/sst2/dev.tsv
@@ -72,7 +72,7 @@ def evaluate_all(folder: Path, data: Path, limit: int | None, threads: int, reci
     from export import calibration
     from export.bundle_builder import finetune_files
     from export.onnx_export import export_onnx, load_finetuned
-    from export.precision import DEFAULT_RECIPE, RECIPES, STATIC_DEFAULT_RECIPE, to_int8
+    from export.precision import DEFAULT_RECIPE, RECIPES, to_int8
     from tasks.tokenizer import load_tokenizer
 
     torch.set_num_threads(threads)
@@ -83,7 +83,7 @@ def evaluate_all(folder: Path, data: Path, limit: int | None, threads: int, reci
     adapter = calibration.adapter(spec, tokenizer, data)
     examples = adapter.read(data, limit=limit, seed=0)
     train = train or finetune_files(folder).get("train_file")
-    recipe = recipe or (STATIC_DEFAULT_RECIPE if train else DEFAULT_RECIPE)
+    recipe = recipe or DEFAULT_RECIPE
     feeds = None
     if RECIPES[recipe].static:
         feeds = calibration.batches(calibration.model_inputs(spec, tokenizer, train, calibration.DEFAULT_EXAMPLES))

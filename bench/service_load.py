@@ -300,6 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     result["settings"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in result["settings"].items()}
     for precision, by_task in bundles.items():
         for name, load in chosen.items():
+            if TASK_OF[load["route"]] not in by_task:
+                print(f"no {precision} bundle for {name} (its export failed the gate?): skipped", flush=True)
+                continue
             bundle = by_task[TASK_OF[load["route"]]]
             items = request_inputs(bundle, load_tokenizer(bundle.tokenizer_path), load["route"], load["body"])
             result["workloads"][name] = {"route": load["route"], "model_inputs": len(items),
@@ -311,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
         port, server = serve_repository(repositories[precision], args.threads, args.work, args.serve_arg)
         with server as proc:
             for name, load in chosen.items():
+                if name not in result["engine"] or precision not in result["engine"][name]:
+                    continue
                 for clients in args.concurrency:
                     row = hey(port, load["route"], load["body"], clients, args.seconds, proc.pid, args.work)
                     result["berth"].setdefault(name, {}).setdefault(precision, []).append(row)

@@ -16,7 +16,7 @@ from typing import Any, Literal
 import onnxruntime
 
 from export import calibration, onnx_export, optimize, parity
-from export.precision import DEFAULT_RECIPE, RECIPES, STATIC_DEFAULT_RECIPE, to_fp16, to_int8
+from export.precision import DEFAULT_RECIPE, RECIPES, to_fp16, to_int8
 from tasks.bundle import (
     MODEL_FILE,
     PRECISION_PROVIDERS,
@@ -66,8 +66,8 @@ def export_bundle(
       is written into the manifest).
     - fp16/int8 also pass the task-metric gate on `dev_file` (default: the dev file the checkpoint was
       fine-tuned with, from its finetune_run.json), `metric_examples` of it (default by task).
-    - `int8_recipe` (one of `export.precision.RECIPES`): default static QDQ calibrated on
-      `calibration_file` (default: the checkpoint's training file), else dynamic.
+    - `int8_recipe` (one of `export.precision.RECIPES`, default `DEFAULT_RECIPE`); static recipes are
+      calibrated on `calibration_file` (default: the checkpoint's training file).
     Raises `parity.ParityError` when the ONNX model disagrees with PyTorch beyond the threshold.
     """
     import torch
@@ -89,7 +89,7 @@ def export_bundle(
     dev_file = _existing(dev_file) or trained_on.get("dev_file")
     convert = CONVERTERS[precision]
     if precision == "int8":
-        recipe = int8_recipe or (STATIC_DEFAULT_RECIPE if calibration_file else DEFAULT_RECIPE)
+        recipe = int8_recipe or DEFAULT_RECIPE
         feeds = None
         if RECIPES[recipe].static:
             if calibration_file is None:

@@ -130,8 +130,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="fp16/int8: share of examples whose task answer must match PyTorch; recorded in the "
                    "manifest (default: %(default)s)")
     p.add_argument("--int8-recipe", choices=sorted(RECIPES),
-                   help="int8: how to quantize (default: static QDQ calibrated on the training file when known, "
-                   "else dynamic; see docs/ENGINE.md)")
+                   help="int8: how to quantize (default: dynamic-keep-early-ffn, chosen by measurement; "
+                   "see docs/ENGINE.md §3)")
     p.add_argument("--calibration-data", type=Path,
                    help="int8 static: training file to calibrate on (default: the one in the folder's finetune_run.json)")
     p.add_argument("--dev-data", type=Path,
