@@ -143,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def markdown(paths: list[Path]) -> str:
     """The docs/ENGINE.md table: per model, PyTorch / fp32 / int8 dev metric, the int8 cost, speed."""
+    from export.parity import headline_metric
+
     lines = ["| model | task | dev examples | metric | PyTorch | ONNX fp32 | ONNX int8 | int8 − fp32 (points) "
              "| int8 recipe | int8 speed-up batch 1 / batch 8 (tokens) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for path in paths:
@@ -150,7 +152,7 @@ def markdown(paths: list[Path]) -> str:
         if "speed" not in record:
             continue  # a record of the earlier dynamic-only format
         results = record["results"]
-        name = next(k for k in ("f1", "accuracy", "pearson") if k in results["pytorch"]["metrics"])
+        name = headline_metric(record["task"], results["pytorch"]["metrics"])
         scale = 1.0 if record["task"] == "qa" else 100.0
         values = [results[e]["metrics"][name] * scale for e in ("pytorch", "onnx-fp32", "onnx-int8")]
         speed = list(record["speed"].values())

@@ -139,7 +139,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _metric(task: str, metrics: dict[str, float]) -> tuple[str, float]:
-    name = next(k for k in ("f1", "accuracy", "pearson") if k in metrics)
+    from export.parity import headline_metric
+
+    name = headline_metric(task, metrics)
     return name, metrics[name] * (1.0 if task == "qa" else 100.0)
 
 

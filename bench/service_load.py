@@ -267,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     from tasks.tokenizer import load_tokenizer
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="+", required=True, metavar="PRECISION=FOLDER",
+    parser.add_argument("--markdown", type=Path, metavar="JSON", help="print the docs table of a result file and exit")
+    parser.add_argument("--models", nargs="+", metavar="PRECISION=FOLDER",
                         help="model repositories by precision; each holds one bundle per task (classify, pair, ner, qa)")
     parser.add_argument("--checkpoints", nargs="+", default=[], metavar="ROUTE=FOLDER",
                         help="fine-tuned folders for the naive peer, by route (classify, pair, ner, qa)")
@@ -282,23 +283,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=REPO / "runs" / "bench-service")
     parser.add_argument("--out", type=Path, default=RESULTS / "service_load.json")
     args = parser.parse_args(argv)
+    if args.markdown:
+        print_report(json.loads(args.markdown.read_text(encoding="utf-8")))
+        return 0
+    if not args.models:
+        parser.error("--models is needed")
     if shutil.which("hey") is None:
         raise SystemExit("bench.service_load needs `hey` (a Go load generator): apt-get install -y hey")
     repositories = {k: Path(v) for k, v in (item.split("=", 1) for item in args.models)}
     checkpoints = {k: Path(v) for k, v in (item.split("=", 1) for item in args.checkpoints)}
     args.work.mkdir(parents=True, exist_ok=True)
 
-    bundles = {precision: {load_bundle(folder).task: load_bundle(folder) for folder in sorted(repo.iterdir())
-                           if (folder / "bundle.json").is_file()} for precision, repo in repositories.items()}
-    first = next(iter(next(iter(bundles.values())).values()))
+    first = next(load_bundle(f) for f in sorted(next(iter(repositories.values())).iterdir())
+                 if (f / "bundle.json").is_file())
     chosen = workloads(load_tokenizer(first.tokenizer_path))
     if args.workloads:
         chosen = {k: v for k, v in chosen.items() if k in args.workloads}
     result: dict[str, Any] = {"machine": machine_facts(args.threads, LIBRARIES), "generator": _hey_version(),
                               "settings": vars(args) | {"models": args.models}, "workloads": {},
-                              "engine": {}, "berth": {}, "naive": {}}
+                              "engine": {}, "berth": {}, "naive": {}, "complete": False}
     result["settings"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in result["settings"].items()}
-    for precision, by_task in bundles.items():
+    for precision, repository in repositories.items():
+        # Read when its turn comes: a bundle still being exported at the start is measured if ready by then.
+        by_task = {load_bundle(folder).task: load_bundle(folder) for folder in sorted(repository.iterdir())
+                   if (folder / "bundle.json").is_file()}
         for name, load in chosen.items():
             if TASK_OF[load["route"]] not in by_task:
                 print(f"no {precision} bundle for {name} (its export failed the gate?): skipped", flush=True)
@@ -320,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
                     row = hey(port, load["route"], load["body"], clients, args.seconds, proc.pid, args.work)
                     result["berth"].setdefault(name, {}).setdefault(precision, []).append(row)
                     _print_level("berth", precision, name, row)
+                    _save(result, args.out)
     for route, checkpoint in checkpoints.items():
         port, server = naive_peer(checkpoint, TASK_OF[route], args.threads, args.work)
         with server as proc:
@@ -330,13 +339,20 @@ def main(argv: list[str] | None = None) -> int:
                     row = hey(port, route, load["body"], clients, args.seconds, proc.pid, args.work)
                     result["naive"].setdefault(name, {})[clients] = row
                     _print_level("naive", "fp32", name, row)
-    result["load_average_end"] = list(os.getloadavg())
-    result["summary"] = summarize(result)
+                    _save(result, args.out)
+    result["complete"] = True
+    _save(result, args.out)
     print_report(result)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(f"\nwrote {args.out}")
     return 0
+
+
+def _save(result: dict[str, Any], out: Path) -> None:
+    """Written after every level, so a run cut short still leaves its measured levels."""
+    result["load_average_end"] = list(os.getloadavg())
+    result["summary"] = summarize(result)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
 
 
 def _print_level(system: str, precision: str, name: str, row: dict[str, Any]) -> None:
