@@ -71,9 +71,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--markdown", action="store_true", help="print the docs tables from bench/results and exit")
+    parser.add_argument("--gate-table", type=Path, metavar="REPOSITORY",
+                        help="print the int8 gate figures of the bundles in REPOSITORY and exit")
     args = parser.parse_args(argv)
     if args.markdown:
         print(markdown(sorted(RESULTS.glob("int8_drift-*.json"))))
+        return 0
+    if args.gate_table:
+        print(gate_table(args.gate_table))
         return 0
     if not (args.folder and args.dev and args.train):
         parser.error("folder, --dev and --train are needed (or --markdown)")
@@ -148,7 +153,7 @@ def _metric(task: str, metrics: dict[str, float]) -> tuple[str, float]:
 def markdown(paths: list[Path]) -> str:
     """The docs/ENGINE.md tables from int8_drift records: recipes per model, then the sensitivity."""
     records = [json.loads(p.read_text(encoding="utf-8")) for p in paths]
-    lines = ["| model (task) | dev examples | recipe | metric | fp32 | int8 | int8 − fp32 (points) | mean / max |Δ output| "
+    lines = ["| model (task) | dev examples | recipe | metric | fp32 | int8 | int8 − fp32 (points) | mean / max abs Δ output "
              "| int8 speed-up 1×32 / 8×128 |", "|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         name, fp32 = _metric(r["task"], r["fp32"]["metrics"])
@@ -165,10 +170,26 @@ def markdown(paths: list[Path]) -> str:
         total = sum(v["mean_abs_diff"] for _, v in ranked)
         lines += ["", f"Sensitivity, {Path(r['model']).name} ({r['task']}): one group quantized at a time (dynamic "
                   f"int8), the rest fp32, {r['drift_inputs']} dev inputs; the six largest of {len(ranked)} groups:", "",
-                  "| group | mean |Δ output| | share of the sum | max |Δ output| |", "|---|---|---|---|"]
+                  "| group | mean abs Δ output | share of the sum | max abs Δ output |", "|---|---|---|---|"]
         for group, v in ranked[:6]:
             lines.append(f"| {group} | {v['mean_abs_diff']:.4f} | {100 * v['mean_abs_diff'] / total:.0f}% | "
                          f"{v['max_abs_diff']:.3f} |")
+    return "\n".join(lines)
+
+
+def gate_table(repository: Path) -> str:
+    """The int8 gate's figures from the manifests of a model repository's bundles."""
+    lines = ["| bundle | task | recipe | agreement, all examples | agreement where PyTorch is confident | metric "
+             "(dev examples) | PyTorch | int8 | Δ points (≥ −0.5) | passed |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for manifest in sorted([*repository.glob("*/bundle.json"), *repository.glob("*.bundle.json")]):
+        record = json.loads(manifest.read_text(encoding="utf-8"))
+        p, m = record["parity"], record["parity"].get("metric") or {}
+        recipe = (record.get("optimization", {}).get("int8") or {}).get("recipe", record["precision"])
+        lines.append(f"| {record['name']} | {record['task']} | {recipe} | {100 * p['agreement']:.1f}% of {p['examples']} | "
+                     f"{100 * p['confident_agreement']:.1f}% of {p['confident_examples']} | {m.get('name', '–')} "
+                     f"({m.get('examples', '–')}) | {m.get('reference', float('nan')):.2f} | "
+                     f"{m.get('candidate', float('nan')):.2f} | {m.get('delta_points', float('nan')):+.2f} | "
+                     f"{'yes' if p['passed'] else 'no'} |")
     return "\n".join(lines)
 
 
