@@ -122,7 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train", type=Path, help="calibration file (default: the folder's training file)")
     parser.add_argument("--out", type=Path, help="JSON output (default: bench/results/int8_accuracy-<folder name>.json)")
     parser.add_argument("--markdown", action="store_true", help="print the docs table from bench/results and exit")
+    parser.add_argument("--speed", nargs=2, type=Path, metavar=("FP32_BUNDLE", "INT8_BUNDLE"),
+                        help="only time two bundles side by side (alternating rounds) and exit")
+    parser.add_argument("--rounds", type=int, default=15, help="--speed: alternating rounds per shape")
     args = parser.parse_args(argv)
+    if args.speed:
+        return speed_only(args.speed[0], args.speed[1], args.threads, args.rounds)
     if args.markdown:
         print(markdown(sorted(RESULTS.glob("int8_accuracy-*.json"))))
         return 0
@@ -137,6 +142,25 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or RESULTS / f"int8_accuracy-{args.folder.resolve().name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {out}")
+    return 0
+
+
+def speed_only(fp32_bundle: Path, int8_bundle: Path, threads: int, rounds: int) -> int:
+    from tasks.bundle import load_bundle
+
+    fp32, int8 = load_bundle(fp32_bundle), load_bundle(int8_bundle)
+    vocab = int(fp32.encoder_config.get("vocab_size", 30522))
+    figures = {length: speed_pair(fp32.model_path, int8.model_path, length, vocab, threads, rounds)
+               for length in (32, 128)}
+    for by_batch in figures.values():
+        for shape, f in by_batch.items():
+            print(f"{shape}: fp32 {f['fp32_ms']:.1f} ms, int8 {f['int8_ms']:.1f} ms, int8 {f['int8_speedup']:.2f}x")
+    out = RESULTS / f"int8_speed-{int8_bundle.resolve().name}.json"
+    out.write_text(json.dumps({"fp32_bundle": str(fp32_bundle), "int8_bundle": str(int8_bundle),
+                               "int8_recipe": int8.optimization.get("int8"), "threads": threads, "rounds": rounds,
+                               "figures": figures, "machine": machine_facts(threads=threads)}, indent=2) + "\n",
+                   encoding="utf-8")
     print(f"wrote {out}")
     return 0
 

@@ -10,7 +10,7 @@ whether they change answers that mattered, so they are gated twice:
 - agreement where the reference is confident: among the examples whose reference answer leads its
   runner-up by at least `CONFIDENT_MARGIN` in probability, at least `MIN_AGREEMENT` must get the
   same task answer (a flip on an example both engines score ~50/50 is not a regression). With fewer
-  than `MIN_CONFIDENT` confident examples (an untrained head), every example counts;
+  than `MIN_CONFIDENT` confident examples (an untrained head) and no metric check, every example counts;
 - the task metric (`metric_gate`): on a dev slice with gold answers (the model's own dev file), the
   headline metric must not fall more than `MAX_METRIC_DROP` points below the reference's.
 Figures go into the manifest.
@@ -353,6 +353,7 @@ def check_parity(
     batch_size: int = 8,
     raise_on_failure: bool = True,
     min_agreement: float = MIN_AGREEMENT,
+    metric_checked: bool = False,
 ) -> dict[str, Any]:
     """Compare `candidate` (ONNX) with `reference` (PyTorch) on `examples`; the report for the manifest.
 
@@ -371,7 +372,10 @@ def check_parity(
     agreement = sum(agreed) / max(len(agreed), 1)
     margins = [confidence(spec, e, o) for e, o in zip(examples, ref_outputs)]
     confident = [ok for ok, m in zip(agreed, margins) if m >= CONFIDENT_MARGIN]
-    confident_counted = confident if len(confident) >= MIN_CONFIDENT else agreed
+    # Too few confident examples (a barely trained head): every example counts, unless the task metric
+    # on gold answers is checked too (`metric_checked`), which then decides for the unconfident ones.
+    fallback = len(confident) < MIN_CONFIDENT and not metric_checked
+    confident_counted = agreed if fallback else confident
     confident_agreement = sum(confident_counted) / max(len(confident_counted), 1)
     if precision == "fp32":
         threshold = {"max_abs_diff": FP32_MAX_ABS_DIFF}
@@ -389,6 +393,7 @@ def check_parity(
         "agreement": agreement,
         "confident_agreement": confident_agreement,
         "confident_examples": len(confident_counted),
+        "confident_fallback_all_examples": fallback,
         "confident_margin": CONFIDENT_MARGIN,
         "agreement_measure": _agreement_measure(spec, tolerance),
         "examples": len(examples),
@@ -402,6 +407,13 @@ def check_parity(
     if not passed and raise_on_failure:
         raise ParityError(report)
     return report
+
+
+def _confident_phrase(report: dict[str, Any]) -> str:
+    if report.get("confident_fallback_all_examples"):
+        return f"counted over all of them (fewer than {MIN_CONFIDENT} where the reference is confident)"
+    return (f"{report['confident_agreement']:.2%} of the {report['confident_examples']} where the reference is "
+            f"confident (margin >= {report['confident_margin']:g})")
 
 
 def _agreement_measure(spec: TaskSpec, tolerance: float | None) -> str:
@@ -437,15 +449,14 @@ def _jsonable(value: Any) -> Any:
 def format_report(report: dict[str, Any]) -> str:
     """One paragraph a person can act on: what was compared, the figures, the verdict."""
     verdict = "passed" if report["passed"] else "FAILED"
-    limit = ", ".join(f"{k} {'<=' if k == 'max_abs_diff' else '>='} {v:g}" for k, v in report["threshold"].items())
+    limit = ", ".join(f"{k} {'>=' if k == 'confident_agreement' else '<='} {v:g}" for k, v in report["threshold"].items())
     lines = [
         f"parity {verdict} for {report['precision']} on {report['provider']} (required: {limit}):",
         f"  max |Δ| {report['max_abs_diff']:.3g} (by output: "
         + ", ".join(f"{k} {v:.3g}" for k, v in report["max_abs_diff_by_output"].items())
         + f"), mean |Δ| {report['mean_abs_diff']:.3g}",
-        f"  task agreement {report['agreement']:.2%} of {report['examples']} examples, "
-        f"{report['confident_agreement']:.2%} of the {report['confident_examples']} where the reference is confident "
-        f"({report['agreement_measure']}); {report['features']} model inputs of "
+        f"  task agreement {report['agreement']:.2%} of {report['examples']} examples, " + _confident_phrase(report)
+        + f" ({report['agreement_measure']}); {report['features']} model inputs of "
         f"{report['sequence_lengths'][0]}-{report['sequence_lengths'][1]} tokens; data: {report['data']}",
     ]
     for item in report["disagreements"]:
