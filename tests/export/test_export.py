@@ -158,10 +158,11 @@ def test_int8_is_quantized_cpu_only_and_its_figures_recorded(finetuned, reposito
     assert bundle.providers_validated == ["CPUExecutionProvider"]
     ops = {node.op_type for node in onnx.load(str(bundle.model_path)).graph.node}
     assert "DynamicQuantizeLinear" in ops or "DynamicQuantizeMatMul" in ops or "MatMulInteger" in ops
-    # The encoder's MatMul weights (~10.6M of the L6/H384's 22.7M parameters) shrink 4x; the word
-    # embeddings stay fp32 (only MatMuls are quantized).
+    # The encoder's MatMul weights (6 layers x (4 x 384^2 + 2 x 384 x 1536) = 10.6M of 22.7M parameters)
+    # shrink 4x, except the first two layers' FFN (2.4M) kept in fp32; the embeddings stay fp32:
+    # 3 bytes x 8.3M saved of ~91 MB, about 73%.
     fp32_size = load_bundle(repository / "classification-fp32").files["model.onnx"].bytes
-    assert bundle.files["model.onnx"].bytes < fp32_size * 0.7
+    assert fp32_size * 0.70 < bundle.files["model.onnx"].bytes < fp32_size * 0.76
     assert bundle.optimization["int8"]["recipe"] == "dynamic-keep-early-ffn"
     assert bundle.optimization["int8"]["calibration"] is None  # dynamic: nothing to calibrate
     figures = bundle.parity
