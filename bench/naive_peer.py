@@ -46,9 +46,12 @@ def create_app(checkpoint: str, threads: int, task: str = "classification") -> F
     from transformers import pipeline
 
     torch.set_num_threads(threads)
-    kwargs = {"aggregation_strategy": "simple"} if task == "ner" else {}
-    model = pipeline(PIPELINES[task], model=checkpoint, device=-1, **kwargs)
     settings = json.loads((Path(checkpoint) / "berth_task.json").read_text()) if task == "qa" else {}
+    if task == "qa":  # transformers 5 removed the question-answering pipeline: the few lines a user writes
+        model = _qa_answerer(checkpoint, settings.get("max_seq_length", 384), settings.get("doc_stride", 128))
+    else:
+        kwargs = {"aggregation_strategy": "simple"} if task == "ner" else {}
+        model = pipeline(PIPELINES[task], model=checkpoint, device=-1, **kwargs)
     app = FastAPI(title="naive peer")
 
     if task == "classification":
@@ -67,15 +70,45 @@ def create_app(checkpoint: str, threads: int, task: str = "classification") -> F
     else:
         @app.post("/v1/qa")
         def answer(body: Pair) -> dict:
-            result = model(question=body.inputs["question"], context=body.inputs["context"],
-                           max_seq_len=settings.get("max_seq_length", 384), doc_stride=settings.get("doc_stride", 128))
-            return {"model": "naive", "results": [_plain(result)]}
+            return {"model": "naive", "results": [model(body.inputs["question"], body.inputs["context"])]}
 
     @app.get("/readyz")
     def readyz() -> dict:
         return {"status": "ready"}
 
     return app
+
+
+def _qa_answerer(checkpoint: str, max_length: int, stride: int, max_answer_tokens: int = 30):
+    """Question + context -> the best span over all windows, one forward of all windows per request."""
+    import torch
+    from transformers import AutoModelForQuestionAnswering, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    model = AutoModelForQuestionAnswering.from_pretrained(checkpoint).eval()
+
+    def answer(question: str, context: str) -> dict:
+        encoded = tokenizer(question, context, truncation="only_second", max_length=max_length,
+                            stride=stride, return_overflowing_tokens=True,
+                            return_offsets_mapping=True, padding=True, return_tensors="pt")
+        offsets = encoded.pop("offset_mapping")
+        encoded.pop("overflow_to_sample_mapping", None)
+        with torch.inference_mode():
+            out = model(**encoded)
+        best = (float("-inf"), 0, 0)
+        for w in range(offsets.shape[0]):
+            in_context = torch.tensor([s == 1 for s in encoded.sequence_ids(w)])
+            scores = out.start_logits[w][:, None] + out.end_logits[w][None, :]  # (T, T): start i, end j
+            allowed = in_context[:, None] & in_context[None, :]
+            allowed &= torch.triu(torch.ones_like(allowed), 0) & ~torch.triu(torch.ones_like(allowed), max_answer_tokens)
+            scores = scores.masked_fill(~allowed, float("-inf"))
+            flat = int(scores.argmax())
+            i, j = divmod(flat, scores.shape[1])
+            if float(scores[i, j]) > best[0]:
+                best = (float(scores[i, j]), int(offsets[w, i, 0]), int(offsets[w, j, 1]))
+        return {"answer": context[best[1]:best[2]], "start": best[1], "end": best[2], "score": best[0]}
+
+    return answer
 
 
 def main() -> None:
