@@ -225,7 +225,7 @@ def summarize(result: dict[str, Any]) -> list[dict[str, Any]]:
             engine = result["engine"][name][precision]
             by_clients = {row["clients"]: row for row in levels}
             one, many = by_clients.get(1), by_clients.get(32)
-            peer32 = naive.get(32)
+            peer32 = naive.get(32) or naive.get("32")  # (a JSON round trip makes the key a string)
             long = name in ("classify-long", "qa-long")
             row = {"workload": name, "precision": precision,
                    "engine_best_rps": engine["best_requests_per_s"], "engine_batch1_p50_ms": engine["batch1_p50_ms"]}
@@ -233,7 +233,8 @@ def summarize(result: dict[str, Any]) -> list[dict[str, Any]]:
                 row.update(rps_32=many["requests_per_s"], p50_32=many.get("p50_ms"), p99_32=many.get("p99_ms"),
                            share_of_engine=many["requests_per_s"] / engine["best_requests_per_s"],
                            share_target=0.85 if long else 0.90,
-                           p99_over_p50=(many.get("p99_ms") or 0) / (many.get("p50_ms") or 1),
+                           p99_over_p50=many["p99_ms"] / many["p50_ms"] if many.get("p99_ms") and many.get("p50_ms")
+                           else None,
                            generator_cpu_share=many["generator_cpu_share"])
             if one:
                 row.update(p50_1=one.get("p50_ms"), overhead_ms=(one.get("p50_ms") or 0) - engine["batch1_p50_ms"])
@@ -284,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS / "service_load.json")
     args = parser.parse_args(argv)
     if args.markdown:
-        print_report(json.loads(args.markdown.read_text(encoding="utf-8")))
+        recorded = json.loads(args.markdown.read_text(encoding="utf-8"))
+        print_report({**recorded, "summary": summarize(recorded)})
         return 0
     if not args.models:
         parser.error("--models is needed")
