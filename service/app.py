@@ -20,7 +20,7 @@ Every /v1 inference route takes one input or a list (`inputs`) and answers `{"mo
 result per input in input order. Errors are always `{"error", "error_type"}` with the matching status.
 Character offsets are Python str indices into the caller's own string. Timing headers: `x-total-time`,
 `x-tokenization-time`, `x-queue-time`, `x-inference-time` (milliseconds), and `Server-Timing` with every
-stage (parse, tokenize, queue, pad, inference, decode, serialize)."""
+stage (parse, tokenize, queue, pad, inference, wake, decode, serialize)."""
 
 
 def create_app(settings: ServiceSettings | None = None, runtime: Runtime | None = None) -> FastAPI:

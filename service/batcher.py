@@ -87,6 +87,7 @@ class ItemResult:
     inference_seconds: float  # duration of the forward pass it was part of
     run_id: int  # which forward pass (so a request can add up distinct passes)
     pad_seconds: float = 0.0  # building the padded feeds of its pass
+    finished_at: float = 0.0  # time.perf_counter() when its pass ended (the hop back to the request is timed)
 
 
 @dataclass(eq=False, slots=True)
@@ -412,21 +413,22 @@ class Batcher:
             raise
         self._throughput.update(len(batch), time.monotonic() - started)
         self._metrics.model_ready.labels(self.model).set(1 if self.healthy else 0)
-        for item, out, (run_id, seconds, pad_seconds) in zip(batch, outputs, timings):
+        for item, out, (run_id, seconds, pad_seconds, finished_at) in zip(batch, outputs, timings):
             if item.future.done():
                 continue
             if isinstance(out, BaseException):
                 item.future.set_exception(ServiceError(ErrorType.INTERNAL, "inference failed for this input; "
                                                        "see the server log"))
             else:
-                item.future.set_result(ItemResult(out, started - item.enqueued_at, seconds, run_id, pad_seconds))
+                item.future.set_result(ItemResult(out, started - item.enqueued_at, seconds, run_id, pad_seconds,
+                                                  finished_at))
 
     def _compute(self, items: list[ModelInput], record: bool = True
-                 ) -> tuple[list[dict[str, np.ndarray] | BaseException], list[tuple[int, float, float]]]:
+                 ) -> tuple[list[dict[str, np.ndarray] | BaseException], list[tuple[int, float, float, float]]]:
         """Worker thread: run items sorted by length, one forward pass per padded length.
 
         Returns each item's outputs, or the exception that failed it, in the order given, and (run id,
-        seconds, padding seconds) of the pass it was in.
+        seconds, padding seconds, end time) of the pass it was in.
         """
         order = sorted(range(len(items)), key=lambda i: len(items[i]))
         groups: dict[int, list[int]] = {}
@@ -436,7 +438,7 @@ class Batcher:
                 raise ValueError(f"an item of {len(items[i])} tokens is longer than every bucket")
             groups.setdefault(bucket, []).append(i)
         outputs: list[dict[str, np.ndarray] | BaseException] = [{} for _ in items]
-        timings: list[tuple[int, float, float]] = [(0, 0.0, 0.0)] * len(items)
+        timings: list[tuple[int, float, float, float]] = [(0, 0.0, 0.0, 0.0)] * len(items)
         for bucket, members in groups.items():
             self._run_group(items, members, bucket, outputs, timings, record)
         return outputs, timings
@@ -466,7 +468,8 @@ class Batcher:
             self._metrics.items_failed.labels(self.model).inc()
             outputs[members[0]] = error
             return
-        seconds = time.perf_counter() - padded
+        finished = time.perf_counter()
+        seconds = finished - padded
         self.consecutive_failures = 0
         self._run_counter += 1
         if record:
@@ -478,4 +481,4 @@ class Batcher:
             length = len(items[i])
             outputs[i] = {name: (value[row, :length] if self.per_token else value[row])
                           for name, value in result.items()}
-            timings[i] = (self._run_counter, seconds, padded - begin)
+            timings[i] = (self._run_counter, seconds, padded - begin, finished)

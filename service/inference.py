@@ -38,12 +38,13 @@ class Timings:
     queue_s: float = 0.0  # the longest wait of the request's items before their forward pass
     pad_s: float = 0.0
     inference_s: float = 0.0  # the forward passes the request's items were in, added up
+    wake_s: float = 0.0  # the last forward pass's end -> the request resumes on the event loop
     decode_s: float = 0.0
     serialize_s: float = 0.0
 
     def server_timing(self, total_s: float) -> str:
         stages = [("parse", self.parse_s), ("tokenize", self.tokenize_s), ("queue", self.queue_s),
-                  ("pad", self.pad_s), ("inference", self.inference_s), ("decode", self.decode_s),
+                  ("pad", self.pad_s), ("inference", self.inference_s), ("wake", self.wake_s), ("decode", self.decode_s),
                   ("serialize", self.serialize_s), ("total", total_s)]
         return ", ".join(f"{name};dur={seconds * 1000:.3f}" for name, seconds in stages)
 
@@ -157,6 +158,7 @@ async def _compute(model: ServedModel, handler: TaskHandler, inputs: list[Any], 
     timings.queue_s = max(r.queue_seconds for r in item_results)
     timings.inference_s = sum({r.run_id: r.inference_seconds for r in item_results}.values())
     timings.pad_s = sum({r.run_id: r.pad_seconds for r in item_results}.values())
+    timings.wake_s = max(0.0, time.perf_counter() - max(r.finished_at for r in item_results))
 
     outputs, at = [], 0
     for p in prepared:

@@ -19,7 +19,6 @@ import hmac
 import time
 from typing import Any
 
-from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.errors import ErrorType, ServiceError, error_response
@@ -139,13 +138,16 @@ class RequestGuard:
 
 
 def _match_route(scope: Scope) -> str | None:
-    """The route template of a request refused before routing (401, 408, 413, 503), so it is counted there."""
+    """The route template of a request refused before routing (401, 408, 413, 503), so it is counted there.
+    Our routes have no path parameters, so a template is a path the app documents; any other path is not
+    a label value (labels stay bounded whatever clients send)."""
     app = scope.get("app")
-    for route in getattr(getattr(app, "router", None), "routes", ()):
-        match, _ = route.matches(scope)
-        if match is not Match.NONE:
-            return getattr(route, "path", None)
-    return None
+    if app is None or not hasattr(app, "openapi"):
+        return None
+    paths = getattr(app.state, "berth_route_paths", None)
+    if paths is None:
+        paths = app.state.berth_route_paths = frozenset(app.openapi().get("paths", {}))
+    return scope["path"] if scope["path"] in paths else None
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
