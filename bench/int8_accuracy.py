@@ -2,11 +2,14 @@
 
 All three run through the same evaluation code as `berth evaluate` (training/task_data.py: the task
 layer's encoding and decoding, the official metrics), the ONNX models wrapped as a torch module that
-calls ONNX Runtime. The int8 graph is made as `berth export --precision int8` makes it (dynamic
-quantization, per-channel int8 weights, reduce_range). Usage, from the repository root:
+calls ONNX Runtime. The int8 graph is made as `berth export --precision int8` makes it (export/precision.py
+DEFAULT_RECIPE; `--recipe` for another, static ones calibrated on the model's own training file from
+its finetune_run.json or `--train`). Speed: the fp32 and int8 sessions side by side at batch 1 and
+batch 8 of the task's typical length. Usage, from the repository root:
 
     .venv/bin/python -m bench.int8_accuracy runs/sst2 --data ../shared/data/sst2/dev.tsv
-    .venv/bin/python -m bench.int8_accuracy runs/squad --data ../shared/data/squad/v1.1/dev-v1.1.json --limit 2000
+    .venv/bin/python -m bench.int8_accuracy runs/squad --data ../shared/data/squad/v1.1/dev-v1.1.json --limit 1000
+    .venv/bin/python -m bench.int8_accuracy --markdown     # the docs/ENGINE.md table from bench/results
 """
 
 from __future__ import annotations
@@ -26,53 +29,70 @@ HEADLINE = ("accuracy", "f1", "exact", "precision", "recall", "pearson", "spearm
 
 def onnx_module(model_path: Path, output_names: tuple[str, ...], precision: str, threads: int):
     """A torch.nn.Module whose forward runs `model_path` in ONNX Runtime (so PyTorch evaluation code runs it)."""
-    import torch
-
+    from export.parity import onnx_torch_module
     from tasks.onnx_session import create_session
 
     session, provider = create_session(model_path, precision, intra_op_threads=threads)
-
-    class OnnxModel(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.anchor = torch.nn.Parameter(torch.zeros(1), requires_grad=False)  # tells evaluation the device
-
-        def forward(self, input_ids, attention_mask=None, token_type_ids=None):
-            feeds = {"input_ids": input_ids.cpu().numpy(), "attention_mask": attention_mask.cpu().numpy(),
-                     "token_type_ids": token_type_ids.cpu().numpy()}
-            outputs = session.run(list(output_names), feeds)
-            return {name: torch.from_numpy(array) for name, array in zip(output_names, outputs)}
-
-    return OnnxModel().eval(), provider
+    return onnx_torch_module(session, output_names), provider
 
 
-def evaluate_all(folder: Path, data: Path, limit: int | None, threads: int, optimized: bool) -> dict[str, Any]:
+def speed_pair(fp32_path: Path, int8_path: Path, length: int, vocab_size: int, threads: int,
+               rounds: int = 5) -> dict[str, Any]:
+    """Median seconds per batch of fp32 and int8, alternating, at batch 1 and 8 x `length` tokens."""
+    import numpy as np
+
+    from export.optimize import synthetic_batch
+    from tasks.onnx_session import create_session
+
+    sessions = {name: create_session(path, name, threads)[0] for name, path in (("fp32", fp32_path), ("int8", int8_path))}
+    figures: dict[str, Any] = {}
+    for batch in (1, 8):
+        feeds = synthetic_batch(batch, length, vocab_size)
+        times: dict[str, list[float]] = {name: [] for name in sessions}
+        for session in sessions.values():
+            session.run(None, feeds)
+        for _ in range(rounds):
+            for name, session in sessions.items():
+                started = time.perf_counter()
+                session.run(None, feeds)
+                times[name].append(time.perf_counter() - started)
+        medians = {name: float(np.median(values)) for name, values in times.items()}
+        figures[f"{batch}x{length}"] = {"fp32_ms": 1000 * medians["fp32"], "int8_ms": 1000 * medians["int8"],
+                                        "int8_speedup": medians["fp32"] / medians["int8"]}
+    return figures
+
+
+TYPICAL_LENGTH = {"classification": 32, "pair": 64, "ner": 48, "qa": 192}
+
+
+def evaluate_all(folder: Path, data: Path, limit: int | None, threads: int, recipe: str | None,
+                 train: Path | None) -> dict[str, Any]:
     import torch
 
+    from export import calibration
+    from export.bundle_builder import finetune_files
     from export.onnx_export import export_onnx, load_finetuned
-    from export.optimize import optimize_bert
-    from export.precision import to_int8
+    from export.precision import DEFAULT_RECIPE, RECIPES, to_int8
     from tasks.tokenizer import load_tokenizer
-    from training import task_data
-    from training.finetune import FinetuneSettings
 
     torch.set_num_threads(threads)
     model, spec, _ = load_finetuned(folder)
     if spec.task == "fill-mask":
         raise SystemExit("int8_accuracy scores fine-tuned task heads (classification, pair, ner, qa)")
-    settings = FinetuneSettings(task=spec.task, train_file=data, out=folder,
-                                regression=spec.problem_type == "regression", max_seq_length=spec.max_seq_length,
-                                doc_stride=spec.doc_stride, max_query_length=spec.max_query_length)
-    adapter = task_data.adapter_for(settings, load_tokenizer(folder))
+    tokenizer = load_tokenizer(folder)
+    adapter = calibration.adapter(spec, tokenizer, data)
     examples = adapter.read(data, limit=limit, seed=0)
+    train = train or finetune_files(folder).get("train_file")
+    recipe = recipe or DEFAULT_RECIPE
+    feeds = None
+    if RECIPES[recipe].static:
+        feeds = calibration.batches(calibration.model_inputs(spec, tokenizer, train, calibration.DEFAULT_EXAMPLES))
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="berth-int8-") as scratch:
         fp32_path = export_onnx(model, spec.task, Path(scratch) / "fp32.onnx")
-        if optimized:
-            fused = Path(scratch) / "optimized.onnx"
-            optimize_bert(fp32_path, fused, model.config.num_attention_heads, model.config.hidden_size)
-            fp32_path = fused
-        int8_path = to_int8(fp32_path, Path(scratch) / "int8.onnx")
+        int8_path = to_int8(fp32_path, Path(scratch) / "int8.onnx", recipe, feeds)
+        speed = speed_pair(fp32_path, int8_path, min(TYPICAL_LENGTH[spec.task], spec.max_seq_length),
+                           model.config.vocab_size, threads)
         engines = {"pytorch": (model, "cpu")}
         for name, path, precision in (("onnx-fp32", fp32_path, "fp32"), ("onnx-int8", int8_path, "int8")):
             engines[name] = onnx_module(path, spec.output_names, precision, threads)
@@ -87,29 +107,85 @@ def evaluate_all(folder: Path, data: Path, limit: int | None, threads: int, opti
     for name in ("onnx-fp32", "onnx-int8"):
         metrics = results[name]["metrics"]
         results[name]["delta_vs_pytorch"] = {k: metrics[k] - reference[k] for k in HEADLINE if k in metrics and k in reference}
-    return {"task": spec.task, "examples": len(examples), "results": results}
+    return {"task": spec.task, "examples": len(examples), "results": results, "speed": speed,
+            "int8_recipe": {"name": recipe, **RECIPES[recipe].describe(),
+                            "calibration_file": str(train) if feeds else None}}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("folder", type=Path, help="fine-tuned folder (checkpoint + berth_task.json)")
-    parser.add_argument("--data", type=Path, required=True, help="dev file of the task (SST-2 dev.tsv, SQuAD dev json, ...)")
+    parser.add_argument("folder", type=Path, nargs="?", help="fine-tuned folder (checkpoint + berth_task.json)")
+    parser.add_argument("--data", type=Path, help="dev file of the task (SST-2 dev.tsv, SQuAD dev json, ...)")
     parser.add_argument("--limit", type=int, help="evaluate on a seeded sample of this many examples")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--optimized", action="store_true", help="quantize the offline-optimized graph instead of the plain one")
+    parser.add_argument("--recipe", help="int8 recipe (export/precision.py RECIPES; default: what berth export uses)")
+    parser.add_argument("--train", type=Path, help="calibration file (default: the folder's training file)")
     parser.add_argument("--out", type=Path, help="JSON output (default: bench/results/int8_accuracy-<folder name>.json)")
+    parser.add_argument("--markdown", action="store_true", help="print the docs table from bench/results and exit")
+    parser.add_argument("--speed", nargs=2, type=Path, metavar=("FP32_BUNDLE", "INT8_BUNDLE"),
+                        help="only time two bundles side by side (alternating rounds) and exit")
+    parser.add_argument("--rounds", type=int, default=15, help="--speed: alternating rounds per shape")
     args = parser.parse_args(argv)
-    report = evaluate_all(args.folder, args.data, args.limit, args.threads, args.optimized)
+    if args.speed:
+        return speed_only(args.speed[0], args.speed[1], args.threads, args.rounds)
+    if args.markdown:
+        print(markdown(sorted(RESULTS.glob("int8_accuracy-*.json"))))
+        return 0
+    if args.folder is None or args.data is None:
+        parser.error("folder and --data are needed (or --markdown)")
+    report = evaluate_all(args.folder, args.data, args.limit, args.threads, args.recipe, args.train)
     int8 = report["results"]["onnx-int8"]["delta_vs_pytorch"]
     print("int8 - pytorch: " + ", ".join(f"{k} {v:+.4f}" for k, v in int8.items()))
     report.update({"model": str(args.folder.resolve()), "data": str(args.data), "limit": args.limit,
-                   "quantized_graph": "optimized" if args.optimized else "plain",
+                   "quantized_graph": "plain",
                    "machine": machine_facts(threads=args.threads)})
     out = args.out or RESULTS / f"int8_accuracy-{args.folder.resolve().name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {out}")
     return 0
+
+
+def speed_only(fp32_bundle: Path, int8_bundle: Path, threads: int, rounds: int) -> int:
+    from tasks.bundle import load_bundle
+
+    fp32, int8 = load_bundle(fp32_bundle), load_bundle(int8_bundle)
+    vocab = int(fp32.encoder_config.get("vocab_size", 30522))
+    figures = {length: speed_pair(fp32.model_path, int8.model_path, length, vocab, threads, rounds)
+               for length in (32, 128)}
+    for by_batch in figures.values():
+        for shape, f in by_batch.items():
+            print(f"{shape}: fp32 {f['fp32_ms']:.1f} ms, int8 {f['int8_ms']:.1f} ms, int8 {f['int8_speedup']:.2f}x")
+    out = RESULTS / f"int8_speed-{int8_bundle.resolve().name}.json"
+    out.write_text(json.dumps({"fp32_bundle": str(fp32_bundle), "int8_bundle": str(int8_bundle),
+                               "int8_recipe": int8.optimization.get("int8"), "threads": threads, "rounds": rounds,
+                               "figures": figures, "machine": machine_facts(threads=threads)}, indent=2) + "\n",
+                   encoding="utf-8")
+    print(f"wrote {out}")
+    return 0
+
+
+def markdown(paths: list[Path]) -> str:
+    """The docs/ENGINE.md table: per model, PyTorch / fp32 / int8 dev metric, the int8 cost, speed."""
+    from export.parity import headline_metric
+
+    lines = ["| model | task | dev examples | metric | PyTorch | ONNX fp32 | ONNX int8 | int8 − fp32 (points) "
+             "| int8 recipe | int8 speed-up batch 1 / batch 8 (tokens) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for path in paths:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        if "speed" not in record:
+            continue  # a record of the earlier dynamic-only format
+        results = record["results"]
+        name = headline_metric(record["task"], results["pytorch"]["metrics"])
+        scale = 1.0 if record["task"] == "qa" else 100.0
+        values = [results[e]["metrics"][name] * scale for e in ("pytorch", "onnx-fp32", "onnx-int8")]
+        speed = list(record["speed"].values())
+        length = next(iter(record["speed"])).split("x")[1]
+        lines.append(f"| {Path(record['model']).name} | {record['task']} | {record['examples']} | {name} | "
+                     f"{values[0]:.2f} | {values[1]:.2f} | {values[2]:.2f} | {values[2] - values[1]:+.2f} | "
+                     f"{record['int8_recipe']['name']} | {speed[0]['int8_speedup']:.2f}× / {speed[1]['int8_speedup']:.2f}× "
+                     f"({length}) |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

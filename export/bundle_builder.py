@@ -6,6 +6,7 @@ passed, so a failed export never leaves a half bundle where the service would lo
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import tempfile
@@ -14,8 +15,8 @@ from typing import Any, Literal
 
 import onnxruntime
 
-from export import onnx_export, optimize, parity
-from export.precision import to_fp16, to_int8
+from export import calibration, onnx_export, optimize, parity
+from export.precision import DEFAULT_RECIPE, RECIPES, to_fp16, to_int8
 from tasks.bundle import (
     MODEL_FILE,
     PRECISION_PROVIDERS,
@@ -50,6 +51,10 @@ def export_bundle(
     prefer_gpu: bool = True,
     opset: int = onnx_export.OPSET,
     pooling: str | None = None,
+    int8_recipe: str | None = None,
+    calibration_file: str | Path | None = None,
+    dev_file: str | Path | None = None,
+    metric_examples: int | None = None,
 ) -> Bundle:
     """Export the fine-tuned `checkpoint` folder as a bundle in `out` (replaced if it exists).
 
@@ -65,6 +70,10 @@ def export_bundle(
       and fp16/int8 must give the same task answer on `min_agreement` of them (the threshold used
       is written into the manifest).
     - `pooling`: for `embedding`, overrides the pooling read from the folder's sentence-transformers files.
+    - fp16/int8 also pass the task-metric gate on `dev_file` (default: the dev file the checkpoint was
+      fine-tuned with, from its finetune_run.json), `metric_examples` of it (default by task).
+    - `int8_recipe` (one of `export.precision.RECIPES`, default `DEFAULT_RECIPE`); static recipes are
+      calibrated on `calibration_file` (default: the checkpoint's training file).
     Raises `parity.ParityError` when the ONNX model disagrees with PyTorch beyond the threshold.
     """
     import torch
@@ -82,14 +91,34 @@ def export_bundle(
     check_examples(spec.task, example_inputs or [])
     data_dir = Path(data_dir) if data_dir else parity.default_data_dir()
     out.parent.mkdir(parents=True, exist_ok=True)
+    trained_on = finetune_files(checkpoint)
+    calibration_file = _existing(calibration_file) or trained_on.get("train_file")
+    dev_file = _existing(dev_file) or trained_on.get("dev_file")
+    convert = CONVERTERS[precision]
+    if precision == "int8":
+        recipe = int8_recipe or DEFAULT_RECIPE
+        feeds = None
+        if RECIPES[recipe].static:
+            if calibration_file is None:
+                raise FileNotFoundError(f"int8 recipe {recipe!r} needs calibration data: pass the training file")
+            items = calibration.model_inputs(spec, load_tokenizer(checkpoint), calibration_file,
+                                             calibration.DEFAULT_EXAMPLES)
+            feeds = calibration.batches(items)
+
+        def convert(source: Path, target: Path) -> Path:
+            return to_int8(source, target, recipe, feeds)
 
     with tempfile.TemporaryDirectory(prefix=f".{out.name}-", dir=out.parent) as scratch_name:
         scratch = Path(scratch_name)
         plain = onnx_export.export_onnx(model, spec.task, scratch / "plain.onnx", opset)
         log.info("exported %s (%s) to ONNX opset %d", checkpoint, spec.task, opset)
         built, optimization = _build_model_file(
-            plain, scratch, config, optimize_graph, precision, threads or 0, prefer_gpu
+            plain, scratch, config, optimize_graph, precision, threads or 0, prefer_gpu, convert
         )
+        if precision == "int8":
+            optimization["int8"] = {"recipe": recipe, **RECIPES[recipe].describe(),
+                                    "calibration": {"file": str(calibration_file), "examples": calibration.DEFAULT_EXAMPLES}
+                                    if RECIPES[recipe].static else None}
         final = scratch / "bundle"
         final.mkdir()
         model_path = final / MODEL_FILE
@@ -104,7 +133,10 @@ def export_bundle(
         for provider in _providers_to_validate(precision, prefer_gpu):
             session, used = create_session(model_path, precision, threads or 0, prefer_gpu=provider == CUDA)
             report = parity.check_parity(spec, examples, reference, parity.onnx_runner(session, OUTPUT_NAMES[spec.task]),
-                                         precision, used, source, min_agreement=min_agreement)
+                                         precision, used, source, min_agreement=min_agreement,
+                                         raise_on_failure=precision == "fp32", metric_checked=dev_file is not None)
+            if precision != "fp32":
+                report = _with_metric_gate(report, spec, tokenizer, dev_file, model, session, metric_examples)
             log.info("%s", parity.format_report(report))
             reports.append(report)
         parity_figures = {**reports[0], "providers": [r["provider"] for r in reports]}
@@ -128,8 +160,40 @@ def export_bundle(
 CONVERTERS = {"fp32": lambda source, target: Path(shutil.copyfile(source, target)), "fp16": to_fp16, "int8": to_int8}
 
 
+def _with_metric_gate(report: dict[str, Any], spec, tokenizer, dev_file: Path | None, model, session,
+                      metric_examples: int | None) -> dict[str, Any]:
+    """Add the task-metric gate to an fp16/int8 agreement report; raise `ParityError` if either failed."""
+    if dev_file is not None:
+        candidate = parity.onnx_torch_module(session, OUTPUT_NAMES[spec.task])
+        metric = parity.metric_gate(spec, tokenizer, dev_file, model, candidate, metric_examples)
+        report = {**report, "metric": metric, "passed": report["passed"] and metric["passed"],
+                  "threshold": {**report["threshold"], "metric_drop_points": metric["max_drop_points"]}}
+    else:
+        report = {**report, "metric": None}
+        log.warning("no dev file with gold answers (the checkpoint has no finetune_run.json and none was given): "
+                    "the %s gate checked agreement only", report["precision"])
+    if not report["passed"]:
+        raise parity.ParityError(report)
+    return report
+
+
+def finetune_files(checkpoint: Path) -> dict[str, Path]:
+    """The training and dev files a `berth finetune` folder was made with, where they still exist."""
+    record = checkpoint / "finetune_run.json"
+    if not record.is_file():
+        return {}
+    settings = json.loads(record.read_text(encoding="utf-8")).get("settings", {})
+    found = {name: _existing(settings.get(name)) for name in ("train_file", "dev_file")}
+    return {name: path for name, path in found.items() if path is not None}
+
+
+def _existing(path: str | Path | None) -> Path | None:
+    return Path(path) if path and Path(path).is_file() else None
+
+
 def _build_model_file(
-    plain: Path, scratch: Path, config: Any, mode: str, target_precision: str, threads: int, prefer_gpu: bool
+    plain: Path, scratch: Path, config: Any, mode: str, target_precision: str, threads: int, prefer_gpu: bool,
+    convert: Any,
 ) -> tuple[Path, dict[str, Any]]:
     """The model file in the target precision, from the plain or the offline-optimized graph, and the
     manifest's "optimization" record saying which and why.
@@ -138,8 +202,13 @@ def _build_model_file(
     the bundle is for (the plain graph unless the fused one is clearly faster). fp16 is only timed
     where CUDA is present: fp16 speed on a CPU says nothing about CUDA.
     """
-    convert = CONVERTERS[target_precision]
-    if mode == "never":
+    if mode == "never" or target_precision == "int8":
+        # int8 recipes keep named MatMuls of the plain graph in fp32, and the fused graph measured no
+        # faster in int8 on the CPU (docs/ENGINE.md §2).
+        because = "offline optimization not requested" if mode == "never" else \
+            "int8 quantizes the plain graph (its recipes name the plain graph's MatMuls)"
+        return convert(plain, scratch / f"plain-{target_precision}.onnx"), {
+            "offline_optimizer": False, "fusions": {}, "chosen_because": because}
         return convert(plain, scratch / f"plain-{target_precision}.onnx"), {
             "offline_optimizer": False, "fusions": {}, "chosen_because": "offline optimization not requested"}
     fused = scratch / "optimized.onnx"

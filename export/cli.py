@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from export.precision import RECIPES
+
 # The ORT transformer optimizer logs every fusion at INFO; its summary is in the manifest instead.
 NOISY_LOGGERS = ("fusion_base", "onnx_model", "onnx_model_bert", "fusion_utils")
 
@@ -26,6 +28,10 @@ class ExportSettings(BaseModel):
     data_dir: Path | None = None
     parity_examples: int | None = None
     min_agreement: float = 0.99
+    int8_recipe: str | None = None
+    calibration_data: Path | None = None
+    dev_data: Path | None = None
+    metric_examples: int | None = None
     threads: int | None = None
     examples: Path | None = None
     force: bool = False
@@ -76,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
             optimize_graph=settings.optimize, data_dir=settings.data_dir, parity_examples=settings.parity_examples,
             min_agreement=settings.min_agreement, threads=settings.threads, prefer_gpu=prefer_gpu,
             pooling=settings.pooling,
+            int8_recipe=settings.int8_recipe, calibration_file=settings.calibration_data, dev_file=settings.dev_data,
+            metric_examples=settings.metric_examples,
         )
     except ParityError as error:
         print(f"berth export: refused, the ONNX model does not match PyTorch:\n{error}", file=sys.stderr)
@@ -91,7 +99,9 @@ def run(args: argparse.Namespace) -> int:
         "fusions": bundle.optimization.get("fusions"),
         "offline_optimizer": bundle.optimization.get("offline_optimizer"),
         "chosen_because": bundle.optimization.get("chosen_because"),
-        "parity": {k: bundle.parity[k] for k in ("passed", "max_abs_diff", "agreement", "examples", "threshold")},
+        "parity": {k: bundle.parity.get(k) for k in ("passed", "max_abs_diff", "agreement", "confident_agreement",
+                                                     "confident_examples", "examples", "threshold", "metric")},
+        "int8": bundle.optimization.get("int8"),
         "model_bytes": bundle.files["model.onnx"].bytes,
     }
     print(json.dumps(summary, indent=2))
@@ -106,7 +116,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "folder: model.onnx, tokenizer.json and bundle.json (task, labels, settings, precision, hashes, "
         "parity figures). The ONNX model is checked against PyTorch on a real dev slice of its task "
         "(SST-2, MRPC, CoNLL-2003, SQuAD from --data-dir) and the export is refused if they disagree: "
-        "max |Δ logit| <= 1e-4 for fp32, the same task answers on >= 99% of examples for fp16 and int8.",
+        "max |Δ logit| <= 1e-4 for fp32; for fp16 and int8, the same task answers on >= 99% of the examples "
+        "where PyTorch is confident, and a task metric on the model's dev set at most 0.5 point below PyTorch's.",
     )
     p.add_argument("checkpoint", type=Path, help="fine-tuned model folder")
     p.add_argument("--out", type=Path, required=True, help="bundle folder to write (its name is the model name)")
@@ -132,6 +143,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--min-agreement", type=float, default=0.99,
                    help="fp16/int8: share of examples whose task answer must match PyTorch; recorded in the "
                    "manifest (default: %(default)s)")
+    p.add_argument("--int8-recipe", choices=sorted(RECIPES),
+                   help="int8: how to quantize (default: dynamic-keep-early-ffn, chosen by measurement; "
+                   "see docs/ENGINE.md §3)")
+    p.add_argument("--calibration-data", type=Path,
+                   help="int8 static: training file to calibrate on (default: the one in the folder's finetune_run.json)")
+    p.add_argument("--dev-data", type=Path,
+                   help="fp16/int8: dev file with gold answers for the metric gate (default: the one in "
+                   "finetune_run.json; without one only agreement is checked)")
+    p.add_argument("--metric-examples", type=int,
+                   help="dev examples the metric gate scores (default 1000, or the whole dev file if smaller)")
     p.add_argument("--threads", type=int, help="CPU threads for PyTorch and ONNX Runtime (default: all cores)")
     p.add_argument("--examples", type=Path, help="JSON file: a list of example `inputs` of the task's route, "
                    "written into the manifest (shown in GET /v1/models and offered by the playground)")

@@ -5,8 +5,15 @@ Both run on the same padded batches of a real dev slice (mixed lengths, so paddi
 - numerically: max |Δ| over every output at real (unpadded) positions;
 - by task: the decoded answer of each example (label, entity spans, answer span, masked-token
   prediction) must be the same.
-fp32 must stay within `FP32_MAX_ABS_DIFF`; fp16 and int8 move logits by design, so they must give
-the same task answer on at least `MIN_AGREEMENT` of the examples. Figures go into the manifest.
+fp32 must stay within `FP32_MAX_ABS_DIFF`. fp16 and int8 move logits by design; what matters is
+whether they change answers that mattered, so they are gated twice:
+- agreement where the reference is confident: among the examples whose reference answer leads its
+  runner-up by at least `CONFIDENT_MARGIN` in probability, at least `MIN_AGREEMENT` must get the
+  same task answer (a flip on an example both engines score ~50/50 is not a regression). With fewer
+  than `MIN_CONFIDENT` confident examples (an untrained head) and no metric check, every example counts;
+- the task metric (`metric_gate`): on a dev slice with gold answers (the model's own dev file), the
+  headline metric must not fall more than `MAX_METRIC_DROP` points below the reference's.
+Figures go into the manifest.
 """
 
 from __future__ import annotations
@@ -30,6 +37,12 @@ log = logging.getLogger(__name__)
 
 FP32_MAX_ABS_DIFF = 1e-4
 MIN_AGREEMENT = 0.99
+CONFIDENT_MARGIN = 0.2  # top-1 minus runner-up probability of the reference answer
+MIN_CONFIDENT = 20
+MAX_METRIC_DROP = 0.5  # points (of a metric in %)
+# Dev examples scored by the metric gate: with paired answers, one changed answer moves the metric by
+# 100 / n points, so 0.5 point is a handful of net changes on these sizes, not one.
+DEFAULT_METRIC_EXAMPLES = {"classification": 1000, "pair": 1000, "ner": 1000, "qa": 1000}
 # Examples in the default dev slice: enough that 99% agreement tolerates an odd flip (1 in 100+),
 # few enough that the gate takes well under a minute on 2 CPU cores (QA windows are 384 tokens).
 DEFAULT_EXAMPLES = {"classification": 256, "pair": 256, "fill-mask": 128, "ner": 128, "qa": 100, "embedding": 256,
@@ -297,6 +310,36 @@ def task_answer(spec: TaskSpec, example: ParityExample, outputs: dict[str, list[
     raise ValueError(f"unknown task {spec.task!r}")
 
 
+def confidence(spec: TaskSpec, example: ParityExample, outputs: dict[str, list[np.ndarray]]) -> float:
+    """How clearly the reference prefers its answer: top-1 minus runner-up probability (1.0 for regression).
+
+    Classification: over the labels (per label for multi-label: distance of the sigmoid from 0.5,
+    doubled). NER: the least clear real token of the text. QA: the best span over the n-best spans
+    of all windows. Fill-mask: the least clear [MASK] position.
+    """
+    def margin(logits: np.ndarray) -> np.ndarray:  # (..., C) -> (...)
+        probs = classification.softmax(np.asarray(logits, dtype=np.float64))
+        top = np.sort(probs, axis=-1)
+        return top[..., -1] - top[..., -2]
+
+    if spec.task in ("classification", "pair"):
+        logits = outputs["logits"][0]
+        kind = classification.resolve_problem_type(spec.problem_type, logits.shape[-1])
+        if kind == classification.REGRESSION:
+            return 1.0
+        if kind == classification.MULTI_LABEL:
+            return float(np.min(np.abs(classification.sigmoid(logits) - 0.5)) * 2)
+        return float(margin(logits))
+    if spec.task in ("ner", "fill-mask"):
+        return float(min(margin(window).min() for window in outputs["logits"]))
+    if spec.task == "qa":
+        answers = qa.decode_answers(example.windows, outputs["start_logits"], outputs["end_logits"], top_k=2,
+                                    handle_impossible=spec.version_2_with_negative,
+                                    null_score_diff_threshold=spec.null_score_diff_threshold)
+        return answers[0].score - (answers[1].score if len(answers) > 1 else 0.0)
+    raise ValueError(f"unknown task {spec.task!r}")
+
+
 def _agree(a: Hashable, b: Hashable, tolerance: float | None) -> bool:
     if isinstance(a, tuple) and a and isinstance(a[0], float):  # an embedding
         u, v = np.asarray(a), np.asarray(b)
@@ -317,11 +360,13 @@ def check_parity(
     batch_size: int = 8,
     raise_on_failure: bool = True,
     min_agreement: float = MIN_AGREEMENT,
+    metric_checked: bool = False,
 ) -> dict[str, Any]:
     """Compare `candidate` (ONNX) with `reference` (PyTorch) on `examples`; the report for the manifest.
 
     Raises `ParityError` (its message is the report) when the precision's threshold is not met:
-    max |Δ| <= FP32_MAX_ABS_DIFF for fp32, task agreement >= `min_agreement` for fp16 and int8.
+    max |Δ| <= FP32_MAX_ABS_DIFF for fp32; for fp16 and int8, task agreement >= `min_agreement`
+    among the examples where the reference is confident (see the module docstring).
     """
     figures, ref_outputs, cand_outputs = run_pair(examples, spec.task, reference, candidate, batch_size)
     ref_answers = [task_answer(spec, e, o) for e, o in zip(examples, ref_outputs)]
@@ -332,12 +377,20 @@ def check_parity(
         tolerance = max(0.01, REGRESSION_TOLERANCE * spread)
     agreed = [_agree(a, b, tolerance) for a, b in zip(ref_answers, cand_answers)]
     agreement = sum(agreed) / max(len(agreed), 1)
+    margins = [confidence(spec, e, o) for e, o in zip(examples, ref_outputs)]
+    confident = [ok for ok, m in zip(agreed, margins) if m >= CONFIDENT_MARGIN]
+    # Too few confident examples (a barely trained head): every example counts, unless the task metric
+    # on gold answers is checked too (`metric_checked`), which then decides for the unconfident ones.
+    fallback = len(confident) < MIN_CONFIDENT and not metric_checked
+    confident_counted = agreed if fallback else confident
+    # No confident example at all (with a metric check): nothing here can be a regression; the metric decides.
+    confident_agreement = sum(confident_counted) / len(confident_counted) if confident_counted else 1.0
     if precision == "fp32":
         threshold = {"max_abs_diff": FP32_MAX_ABS_DIFF}
         passed = figures["max_abs_diff"] <= FP32_MAX_ABS_DIFF
     else:
-        threshold = {"agreement": min_agreement}
-        passed = agreement >= min_agreement
+        threshold = {"confident_agreement": min_agreement}
+        passed = confident_agreement >= min_agreement
     report = {
         "precision": precision,
         "provider": provider,
@@ -346,18 +399,29 @@ def check_parity(
         "max_abs_diff": figures["max_abs_diff"],
         "mean_abs_diff": figures["mean_abs_diff"],
         "agreement": agreement,
+        "confident_agreement": confident_agreement,
+        "confident_examples": len(confident_counted),
+        "confident_fallback_all_examples": fallback,
+        "confident_margin": CONFIDENT_MARGIN,
         "agreement_measure": _agreement_measure(spec, tolerance),
         "examples": len(examples),
         **{k: v for k, v in figures.items() if k not in ("max_abs_diff", "mean_abs_diff")},
         "data": source,
         "disagreements": [
-            {"id": e.id, **_first_difference(a, b)}
-            for e, a, b, ok in zip(examples, ref_answers, cand_answers, agreed) if not ok
+            {"id": e.id, "reference_margin": round(m, 4), **_first_difference(a, b)}
+            for e, a, b, ok, m in zip(examples, ref_answers, cand_answers, agreed, margins) if not ok
         ][:5],
     }
     if not passed and raise_on_failure:
         raise ParityError(report)
     return report
+
+
+def _confident_phrase(report: dict[str, Any]) -> str:
+    if report.get("confident_fallback_all_examples"):
+        return f"counted over all of them (fewer than {MIN_CONFIDENT} where the reference is confident)"
+    return (f"{report['confident_agreement']:.2%} of the {report['confident_examples']} where the reference is "
+            f"confident (margin >= {report['confident_margin']:g})")
 
 
 def _agreement_measure(spec: TaskSpec, tolerance: float | None) -> str:
@@ -395,17 +459,85 @@ def _jsonable(value: Any) -> Any:
 def format_report(report: dict[str, Any]) -> str:
     """One paragraph a person can act on: what was compared, the figures, the verdict."""
     verdict = "passed" if report["passed"] else "FAILED"
-    limit = ", ".join(f"{k} {'<=' if k == 'max_abs_diff' else '>='} {v:g}" for k, v in report["threshold"].items())
+    limit = ", ".join(f"{k} {'>=' if k == 'confident_agreement' else '<='} {v:g}" for k, v in report["threshold"].items())
     lines = [
         f"parity {verdict} for {report['precision']} on {report['provider']} (required: {limit}):",
         f"  max |Δ| {report['max_abs_diff']:.3g} (by output: "
         + ", ".join(f"{k} {v:.3g}" for k, v in report["max_abs_diff_by_output"].items())
         + f"), mean |Δ| {report['mean_abs_diff']:.3g}",
-        f"  task agreement {report['agreement']:.2%} of {report['examples']} examples "
-        f"({report['agreement_measure']}); {report['features']} model inputs of "
+        f"  task agreement {report['agreement']:.2%} of {report['examples']} examples, " + _confident_phrase(report)
+        + f" ({report['agreement_measure']}); {report['features']} model inputs of "
         f"{report['sequence_lengths'][0]}-{report['sequence_lengths'][1]} tokens; data: {report['data']}",
     ]
     for item in report["disagreements"]:
         where = f" (items {item['from_item']}.. of {item['items'][0]} vs {item['items'][1]})" if "items" in item else ""
-        lines.append(f"  differs: {item['id']}{where}: pytorch {item['pytorch']} vs onnx {item['onnx']}")
+        lines.append(f"  differs: {item['id']}{where} (reference margin {item['reference_margin']:.2f}): "
+                     f"pytorch {item['pytorch']} vs onnx {item['onnx']}")
+    if report.get("metric"):
+        lines.append(f"  {format_metric(report['metric'])}")
     return "\n".join(lines)
+
+
+# -- the task metric on the model's own dev set ------------------------------------------------------------
+
+
+def onnx_torch_module(session: Any, output_names: Sequence[str]) -> Any:
+    """A torch.nn.Module whose forward runs an ONNX Runtime session, so the training evaluation code
+    (the task layer's encoding and decoding, the official metrics) scores the ONNX model as it does PyTorch."""
+    import torch
+
+    class OnnxModel(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.anchor = torch.nn.Parameter(torch.zeros(1), requires_grad=False)  # tells evaluation the device
+
+        def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+            feeds = {"input_ids": input_ids.cpu().numpy(), "attention_mask": attention_mask.cpu().numpy(),
+                     "token_type_ids": token_type_ids.cpu().numpy()}
+            outputs = session.run(list(output_names), feeds)
+            return {name: torch.from_numpy(array) for name, array in zip(output_names, outputs)}
+
+    return OnnxModel().eval()
+
+
+def headline_metric(task: str, metrics: dict[str, float]) -> str:
+    """Entity / answer F1 for NER and QA, Pearson for a regression score, else accuracy."""
+    if task in ("ner", "qa"):
+        return "f1"
+    return "pearson" if "pearson" in metrics else "accuracy"
+
+
+def metric_gate(
+    spec: TaskSpec, tokenizer: Tokenizer, dev_file: Path, reference: Any, candidate: Any, limit: int | None = None,
+    max_drop: float = MAX_METRIC_DROP,
+) -> dict[str, Any]:
+    """Score `reference` and `candidate` (torch modules) on the first `limit` examples of `dev_file` with the
+    task's official metric; passed when the candidate's headline metric is at most `max_drop` points lower."""
+    from export.calibration import adapter
+
+    task = adapter(spec, tokenizer, dev_file)
+    examples = task.read(dev_file, limit=limit or DEFAULT_METRIC_EXAMPLES[spec.task], seed=None)
+    ref_metrics, _ = task.evaluate(reference, examples, spec)
+    cand_metrics, _ = task.evaluate(candidate, examples, spec)
+    name = headline_metric(spec.task, ref_metrics)
+    scale = 1.0 if spec.task == "qa" else 100.0  # the SQuAD script reports percent, the others fractions
+    ref_value, cand_value = ref_metrics[name] * scale, cand_metrics[name] * scale
+    return {
+        "name": name,
+        "reference": round(ref_value, 3),
+        "candidate": round(cand_value, 3),
+        "delta_points": round(cand_value - ref_value, 3),
+        "max_drop_points": max_drop,
+        "passed": bool(cand_value >= ref_value - max_drop),
+        "examples": len(examples),
+        "data": str(dev_file),
+        "reference_metrics": ref_metrics,
+        "candidate_metrics": cand_metrics,
+    }
+
+
+def format_metric(figures: dict[str, Any]) -> str:
+    verdict = "passed" if figures["passed"] else "FAILED"
+    return (f"task metric {verdict}: {figures['name']} {figures['candidate']:.2f} vs reference {figures['reference']:.2f} "
+            f"({figures['delta_points']:+.2f} points, at most -{figures['max_drop_points']:g} allowed) on "
+            f"{figures['examples']} examples of {figures['data']}")

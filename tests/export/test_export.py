@@ -144,7 +144,8 @@ def test_fp16_keeps_fp32_io_and_agrees(finetuned, repository):
     initializers = onnx.load(str(bundle.model_path)).graph.initializer
     assert any(t.data_type == onnx.TensorProto.FLOAT16 for t in initializers)
     figures = bundle.parity
-    assert figures["passed"] and figures["threshold"] == {"agreement": 0.99} and figures["agreement"] == 1.0
+    assert figures["passed"] and figures["threshold"] == {"confident_agreement": 0.99} and figures["agreement"] == 1.0
+    assert figures["metric"] is None  # no dev file with gold answers for a folder without finetune_run.json
     assert 0 < figures["max_abs_diff"] < 1e-2  # fp16 moves the logits a little, and no NaN/inf
     assert bundle.optimization["fusions"]["Attention"] == 6
 
@@ -157,10 +158,15 @@ def test_int8_is_quantized_cpu_only_and_its_figures_recorded(finetuned, reposito
     assert bundle.providers_validated == ["CPUExecutionProvider"]
     ops = {node.op_type for node in onnx.load(str(bundle.model_path)).graph.node}
     assert "DynamicQuantizeLinear" in ops or "DynamicQuantizeMatMul" in ops or "MatMulInteger" in ops
+    # The encoder's MatMul weights (6 layers x (4 x 384^2 + 2 x 384 x 1536) = 10.6M of 22.7M parameters)
+    # shrink 4x, except the first two layers' FFN (2.4M) kept in fp32; the embeddings stay fp32:
+    # 3 bytes x 8.3M saved of ~91 MB, about 73%.
     fp32_size = load_bundle(repository / "classification-fp32").files["model.onnx"].bytes
-    assert bundle.files["model.onnx"].bytes < fp32_size / 2
+    assert fp32_size * 0.70 < bundle.files["model.onnx"].bytes < fp32_size * 0.76
+    assert bundle.optimization["int8"]["recipe"] == "dynamic-keep-early-ffn"
+    assert bundle.optimization["int8"]["calibration"] is None  # dynamic: nothing to calibrate
     figures = bundle.parity
-    assert figures["threshold"] == {"agreement": 0.5} and figures["agreement"] >= 0.5
+    assert figures["threshold"] == {"confident_agreement": 0.5} and figures["agreement"] >= 0.5
     assert 0 < figures["max_abs_diff"] < 0.5
 
 
