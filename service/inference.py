@@ -46,7 +46,7 @@ async def infer(request: Request, runtime: Runtime, handler: TaskHandler, body: 
     request.state.berth_model = model.name
     inputs = body.inputs if isinstance(body.inputs, list) else [body.inputs]
     check_inputs(inputs, handler, runtime.settings)
-    runtime.metrics.request_inputs.labels(ROUTES[handler.task], model.name).inc(len(inputs))
+    runtime.metrics.request_inputs.labels(handler.route or ROUTES[handler.task], model.name).inc(len(inputs))
 
     timeout = runtime.settings.request_timeout_s
     deadline = time.monotonic() + timeout
