@@ -8,7 +8,7 @@ MODELS ?= models
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: help venv deploy-tools test test-all lint run bundles serve
+.PHONY: help venv deploy-tools test test-all lint run bundles serve demo-check
 
 help:
 	@echo "make run      set up, build the default bundles if absent, serve them on 127.0.0.1:8000"
@@ -16,6 +16,7 @@ help:
 	@echo "make test-all also the slow tests"
 	@echo "make lint     ruff"
 	@echo "make bundles  only build the default bundles into $(MODELS)/ (what docker/compose.yaml mounts)"
+	@echo "make demo-check  ask the server on $(HOST):$(PORT) the hand-written demo items and score the answers"
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,7 +39,7 @@ test-all: $(STAMP) deploy-tools
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-# The main job: build the default bundles if absent (about 15 minutes on 2 CPU cores), then serve.
+# The main job: build the default bundles if absent (at most 20 minutes on 2 idle CPU cores), then serve.
 run: bundles serve
 
 bundles: $(STAMP)
@@ -46,3 +47,7 @@ bundles: $(STAMP)
 
 serve: $(STAMP)
 	$(BIN)/berth serve --models $(MODELS) --host $(HOST) --port $(PORT)
+
+# Against a running server (`make run` in another terminal): QA, NER and pair items written by hand.
+demo-check: $(STAMP)
+	$(BIN)/python scripts/demo_check.py --url http://$(HOST):$(PORT)

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import os
 import platform
-import subprocess
 from datetime import UTC, datetime
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-DEFAULT_LIBRARIES = ("torch", "transformers", "onnxruntime", "onnx", "numpy", "tokenizers")
+from training.provenance import DEFAULT_LIBRARIES, git_revision, library_versions
+
 _INTERESTING_CPU_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "amx_tile")
 
 
@@ -33,28 +32,6 @@ def _cpu_model_and_flags() -> tuple[str, list[str]]:
             present = set(value.split())
             flags = [f for f in _INTERESTING_CPU_FLAGS if f in present]
     return model or platform.processor() or "unknown", flags
-
-
-def library_versions(names: tuple[str, ...] = DEFAULT_LIBRARIES) -> dict[str, str | None]:
-    """Installed version of each distribution, None when it is not installed."""
-    found: dict[str, str | None] = {}
-    for name in names:
-        try:
-            found[name] = version(name)
-        except PackageNotFoundError:
-            found[name] = None
-    return found
-
-
-def git_revision(repo: Path | None = None) -> str | None:
-    """The checked-out commit, with "+dirty" when the working tree has changes; None outside git."""
-    cwd = repo or Path(__file__).resolve().parents[1]
-    try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=cwd, capture_output=True, text=True)
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return rev.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def machine_facts(threads: int | None = None, libraries: tuple[str, ...] = DEFAULT_LIBRARIES) -> dict:

@@ -17,6 +17,10 @@ parameter names match), then:
    alike. tokens/s counts non-padding tokens; we report its median over repetitions and the
    median of the per-repetition ratios ours / theirs.
 
+Fine-tuning speed (examples/s and real tokens/s of the task heads, before and after length-grouped
+batches and all cores) is `bench/finetune_speed.py`; ``python -m bench.train_speed --finetune ...``
+runs it with the arguments after ``--finetune``.
+
 Run from the repository root: ``python -m bench.train_speed`` (a few minutes) or ``--quick``
 (about a minute, the mini preset only). Writes ``bench/results/train_speed.json``.
 """
@@ -273,6 +277,13 @@ def print_table(results: list[dict], names: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    import sys
+
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--finetune":
+        from bench import finetune_speed
+
+        return finetune_speed.main(argv[1:])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="mini preset only, fewer repetitions (~1 min)")
     parser.add_argument("--eager", action="store_true", help="also transformers with eager attention")

@@ -21,6 +21,7 @@ from tasks.bundle import (
     PRECISION_PROVIDERS,
     TOKENIZER_FILE,
     Bundle,
+    check_examples,
     file_sha256,
     load_bundle,
     write_manifest,
@@ -44,6 +45,7 @@ def export_bundle(
     data_dir: str | Path | None = None,
     parity_examples: int | None = None,
     min_agreement: float = parity.MIN_AGREEMENT,
+    example_inputs: list[Any] | None = None,
     threads: int | None = None,
     prefer_gpu: bool = True,
     opset: int = onnx_export.OPSET,
@@ -55,6 +57,8 @@ def export_bundle(
       quantization; CPU only).
     - `optimize_graph`: `auto` runs ORT's offline BERT optimizer and keeps whichever graph (plain or
       fused, in the target precision) runs faster here (measured); `always` / `never` force the choice.
+    - `example_inputs`: example `inputs` of the task's route, written into the manifest's `examples`
+      (the playground offers them); checked before anything is exported.
     - `data_dir`: the shared data sets for the parity slice (default ../shared/data if present,
       else the shipped samples, else built-in sentences); `parity_examples` examples are checked
       (default: `parity.DEFAULT_EXAMPLES` of the task),
@@ -75,6 +79,7 @@ def export_bundle(
         log.warning("%s: weights not in the checkpoint were initialized fresh (%s); "
                     "the bundle will not answer as a trained model", checkpoint, load_report)
     config = model.config
+    check_examples(spec.task, example_inputs or [])
     data_dir = Path(data_dir) if data_dir else parity.default_data_dir()
     out.parent.mkdir(parents=True, exist_ok=True)
 
@@ -109,6 +114,8 @@ def export_bundle(
         inputs, outputs = onnx_export.graph_io(model_path)
         manifest = _manifest(spec, config, precision, opset, inputs, outputs, checkpoint, parity_figures,
                              optimization, validated=[r["provider"] for r in reports], out_name=out.name)
+        if example_inputs:
+            manifest["examples"] = example_inputs
         write_manifest(final, manifest)
         if out.exists():
             shutil.rmtree(out)
@@ -222,5 +229,7 @@ def _manifest(spec, config, target_precision, opset, inputs, outputs, checkpoint
             "intermediate_size": config.intermediate_size,
             "max_position_embeddings": config.max_position_embeddings,
             "vocab_size": config.vocab_size,
+            # Sequence heads: how the graph pools the encoder output (in the graph: the service needs nothing).
+            "classifier_pooling": (config.classifier_pooling or "cls") if spec.task in ("classification", "pair") else None,
         },
     }

@@ -27,6 +27,7 @@ class ExportSettings(BaseModel):
     parity_examples: int | None = None
     min_agreement: float = 0.99
     threads: int | None = None
+    examples: Path | None = None
     force: bool = False
 
 
@@ -61,10 +62,17 @@ def run(args: argparse.Namespace) -> int:
     from export.bundle_builder import export_bundle
     from export.onnx_export import ExportError
     from export.parity import ParityError
+    from tasks.bundle import BundleError
 
+    examples = None
+    if settings.examples:
+        try:
+            examples = json.loads(settings.examples.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as error:
+            raise SystemExit(f"berth export: --examples {settings.examples}: {error}") from None
     try:
         bundle = export_bundle(
-            settings.checkpoint, settings.out, settings.precision, task=settings.task,
+            settings.checkpoint, settings.out, settings.precision, task=settings.task, example_inputs=examples,
             optimize_graph=settings.optimize, data_dir=settings.data_dir, parity_examples=settings.parity_examples,
             min_agreement=settings.min_agreement, threads=settings.threads, prefer_gpu=prefer_gpu,
             pooling=settings.pooling,
@@ -72,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     except ParityError as error:
         print(f"berth export: refused, the ONNX model does not match PyTorch:\n{error}", file=sys.stderr)
         return 1
-    except (ExportError, FileNotFoundError) as error:
+    except (ExportError, FileNotFoundError, BundleError) as error:
         print(f"berth export: {error}", file=sys.stderr)
         return 2
     summary = {
@@ -125,6 +133,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="fp16/int8: share of examples whose task answer must match PyTorch; recorded in the "
                    "manifest (default: %(default)s)")
     p.add_argument("--threads", type=int, help="CPU threads for PyTorch and ONNX Runtime (default: all cores)")
+    p.add_argument("--examples", type=Path, help="JSON file: a list of example `inputs` of the task's route, "
+                   "written into the manifest (shown in GET /v1/models and offered by the playground)")
     p.add_argument("--force", action="store_true", help="replace an existing bundle at --out")
     p.add_argument("--quiet", action="store_true", help="log warnings only")
     p.set_defaults(func=run)

@@ -110,7 +110,7 @@ def _first_file(data_dir: Path | None, shared: str, sample: str | None) -> Path 
 
 
 def _sentences(data_dir: Path | None, size: int) -> tuple[list[str], str]:
-    path = _first_file(data_dir, "sst2/dev.tsv", "topic_questions/dev.jsonl")
+    path = _first_file(data_dir, "sst2/dev.tsv", "topics/dev.jsonl")
     if path is None:
         return BUILTIN_SENTENCES[:size], "built-in sentences"
     examples = readers.read_sst2(path) if path.suffix == ".tsv" else readers.read_table(path)
@@ -125,7 +125,7 @@ def _text_slice(spec, tokenizer, data_dir, size):
 
 
 def _pair_slice(spec, tokenizer, data_dir, size):
-    path = _first_file(data_dir, "mrpc/dev.tsv", "stsb_images/dev.jsonl")
+    path = _first_file(data_dir, "mrpc/dev.tsv", "stsb/dev.jsonl")
     if path is None:
         pairs = list(zip(BUILTIN_SENTENCES[0::2], BUILTIN_SENTENCES[1::2]))[:size]
         source = "built-in sentence pairs"
@@ -139,7 +139,7 @@ def _pair_slice(spec, tokenizer, data_dir, size):
 
 
 def _ner_slice(spec, tokenizer, data_dir, size):
-    path = _first_file(data_dir, "conll2003/iob2/valid.txt", "wnut17/dev.conll")
+    path = _first_file(data_dir, "conll2003/iob2/valid.txt", "entities/dev.conll")
     if path is None:
         texts, source = BUILTIN_SENTENCES[:size], "built-in sentences"
     else:

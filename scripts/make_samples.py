@@ -2,6 +2,7 @@
 
 They are what `berth build-defaults` fine-tunes the default bundles on, so a fresh clone can serve
 real models without the research-only data sets. Sources and licenses: data/samples/SOURCES.md.
+Deterministic (seeded): running it twice writes the same bytes.
 
     python scripts/make_samples.py ../shared/data
 """
@@ -11,13 +12,19 @@ from __future__ import annotations
 import csv
 import json
 import random
+import re
 import sys
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parents[1] / "data" / "samples"
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
-# Topic of each SQuAD article: questions are labelled with their article's topic. Training
-# questions come from SQuAD v1.1 train articles, dev questions from the (disjoint) dev articles.
+from tasks.readers import read_conll  # noqa: E402  (the repository root is only on the path now)
+
+OUT = REPO / "data" / "samples"
+
+# The topic of each SQuAD article: its paragraphs and questions are labelled with it. Training
+# texts come from the SQuAD v1.1 train articles, dev texts from the (disjoint) dev articles.
 TOPICS = {
     "people": ["Beyoncé", "Frédéric_Chopin", "Kanye_West", "Alfred_North_Whitehead", "Arnold_Schwarzenegger",
                "Nikola_Tesla", "Martin_Luther", "Genghis_Khan"],
@@ -42,9 +49,14 @@ TOPICS = {
                 "United_Methodist_Church", "French_and_Indian_War"],
 }
 TOPIC_OF = {title: topic for topic, titles in TOPICS.items() for title in titles}
-SQUAD_TRAIN_ARTICLES = ["University_of_Notre_Dame", "Antibiotics", "IPod", "Solar_energy", "Montana",
-                        "Genocide", "Dog", "Symbiosis"]
-SQUAD_DEV_ARTICLES = ["Normans", "Packet_switching"]
+SQUAD_TRAIN = "train-v1.1-subset-44articles.json"
+# Dev articles for the QA model: four unseen articles of the official dev set (~600 questions) keep
+# the build's evaluation to about a minute.
+SQUAD_DEV_ARTICLES = ["Normans", "Packet_switching", "Black_Death", "Geology"]
+NER_TYPES = ("PER", "LOC", "ORG")
+NER_DEV_SHARE = 0.15  # of wikigold documents and of BTC tweets, held out whole
+QA_CONTEXT_WORDS = 60  # training excerpts: short contexts, several times more questions per CPU-minute
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> None:
@@ -53,61 +65,152 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
-def topic_questions(shared: Path, rng: random.Random) -> None:
-    out = OUT / "topic_questions"
+def _squad(shared: Path, file: str) -> list[dict]:
+    return json.loads((shared / "squad" / "v1.1" / file).read_text(encoding="utf-8"))["data"]
+
+
+def topics(shared: Path, rng: random.Random) -> None:
+    """Paragraph openings and questions of SQuAD articles, labelled with the article's topic."""
+    out = OUT / "topics"
     out.mkdir(parents=True, exist_ok=True)
-    for split, file, per_topic in (("train", "train-v1.1-subset-44articles.json", 500),
-                                   ("dev", "dev-v1.1.json", 120)):
-        articles = json.loads((shared / "squad" / "v1.1" / file).read_text(encoding="utf-8"))["data"]
+    for split, file, per_topic in (("train", SQUAD_TRAIN, 700), ("dev", "dev-v1.1.json", 150)):
         by_topic: dict[str, list[str]] = {t: [] for t in TOPICS}
-        for article in articles:
+        for article in _squad(shared, file):
             topic = TOPIC_OF.get(article["title"])
-            if topic:
-                by_topic[topic] += [qa["question"].strip() for p in article["paragraphs"] for qa in p["qas"]]
+            if not topic:
+                continue
+            for paragraph in article["paragraphs"]:
+                # The first two sentences: a short text like the ones users send, with the topic in it.
+                by_topic[topic].append(" ".join(SENTENCE_END.split(paragraph["context"].strip())[:2]))
+                by_topic[topic] += [qa["question"].strip() for qa in paragraph["qas"][:2]]
         rows = []
-        for topic, questions in by_topic.items():
-            rows += [{"text": q, "label": topic} for q in rng.sample(questions, min(per_topic, len(questions)))]
+        for topic, texts in by_topic.items():
+            rows += [{"text": t, "label": topic} for t in rng.sample(texts, min(per_topic, len(texts)))]
         rng.shuffle(rows)
         _write_jsonl(out / f"{split}.jsonl", rows)
 
 
-def stsb_images(shared: Path) -> None:
-    """STS-B pairs of the `images` genre: PASCAL VOC-2008 captions (CC BY-SA), scores CC BY-SA 4.0."""
-    out = OUT / "stsb_images"
+def stsb(shared: Path) -> None:
+    """STS-B pairs whose texts are permissively licensed: `images` (PASCAL VOC-2008 captions, CC BY-SA)
+    for training (its train and dev pairs), `track5.en-en` (SNLI, CC BY-SA 4.0) held out as dev."""
+    out = OUT / "stsb"
     out.mkdir(parents=True, exist_ok=True)
+    rows = []
     for split in ("train", "dev"):
         with open(shared / "stsb" / f"{split}.tsv", encoding="utf-8") as f:
-            rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
-        keep = [{"text": r["sentence1"], "text_pair": r["sentence2"], "label": float(r["score"])}
-                for r in rows if r["filename"] == "images"]
-        _write_jsonl(out / f"{split}.jsonl", keep)
+            rows += list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+
+    def pairs(genre: str) -> list[dict]:
+        return [{"text": r["sentence1"], "text_pair": r["sentence2"], "label": float(r["score"])}
+                for r in rows if r["filename"] == genre]
+
+    _write_jsonl(out / "train.jsonl", pairs("images"))
+    _write_jsonl(out / "dev.jsonl", pairs("track5.en-en"))
 
 
-def wnut17(shared: Path) -> None:
-    out = OUT / "wnut17"
+def _write_conll(path: Path, sentences: list[tuple[list[str], list[str]]]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for tokens, tags in sentences:
+            f.writelines(f"{token}\t{tag}\n" for token, tag in zip(tokens, tags))
+            f.write("\n")
+
+
+def _keep_types(tags: list[str], types: tuple[str, ...]) -> list[str]:
+    return [tag if tag == "O" or tag[2:] in types else "O" for tag in tags]
+
+
+def entities(shared: Path, rng: random.Random, types: tuple[str, ...] = NER_TYPES) -> None:
+    """wikigold (IOB1, PER/LOC/ORG/MISC) and BTC (IOB2, PER/LOC/ORG) as one IOB2 set of `types`.
+
+    Dev is held out by document: whole wikigold articles and whole tweets (a BTC document is a tweet).
+    """
+    out = OUT / "entities"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "train.conll").write_bytes((shared / "wnut17" / "wnut17train.conll").read_bytes())
-    (out / "dev.conll").write_bytes((shared / "wnut17" / "emerging.dev.conll").read_bytes())
+    wikigold = shared / "wikigold" / "wikigold.conll.txt"
+    doc_starts = [n for n, line in enumerate(wikigold.read_text(encoding="utf-8").splitlines(), 1)
+                  if line.startswith("-DOCSTART-")]
+    documents: list[list] = [[] for _ in doc_starts]
+    for sentence in read_conll(wikigold, iob1=True):
+        documents[sum(1 for start in doc_starts if start < sentence.line) - 1].append(sentence)
+    dev_docs = set(rng.sample(range(len(documents)), round(NER_DEV_SHARE * len(documents))))
+    train, dev = [], []
+    for number, document in enumerate(documents):
+        (dev if number in dev_docs else train).extend((s.tokens, _keep_types(s.tags, types)) for s in document)
+    for section in "abefgh":
+        tweets = [(s.tokens, _keep_types(s.tags, types)) for s in read_conll(shared / "btc" / f"{section}.conll")]
+        held = set(rng.sample(range(len(tweets)), round(NER_DEV_SHARE * len(tweets))))
+        train += [t for n, t in enumerate(tweets) if n not in held]
+        dev += [t for n, t in enumerate(tweets) if n in held]
+    rng.shuffle(train)
+    _write_conll(out / "train.conll", train)
+    _write_conll(out / "dev.conll", dev)
 
 
-def squad(shared: Path) -> None:
+def _sentence_spans(text: str) -> list[tuple[int, int]]:
+    spans, position = [], 0
+    for sentence in SENTENCE_END.split(text):
+        start = text.index(sentence, position)
+        spans.append((start, start + len(sentence)))
+        position = start + len(sentence)
+    return spans
+
+
+def _around_answer(context: str, start: int, end: int, rng: random.Random) -> tuple[str, int] | None:
+    """The sentence holding [start, end) grown by whole neighbouring sentences (a seeded side at a time)
+    while the excerpt stays within QA_CONTEXT_WORDS words; returns (excerpt, its offset in context)."""
+    spans = _sentence_spans(context)
+    first = last = next((k for k, (s, e) in enumerate(spans) if s <= start < e), None)
+    if first is None or end > spans[first][1]:
+        return None  # an answer across sentences: keep the excerpt rule simple, skip the question
+    while True:
+        sides = [side for side, ok in ((-1, first > 0), (1, last < len(spans) - 1)) if ok]
+        if not sides:
+            break
+        side = rng.choice(sides)
+        grown = (first - 1, last) if side < 0 else (first, last + 1)
+        if len(context[spans[grown[0]][0]:spans[grown[1]][1]].split()) > QA_CONTEXT_WORDS:
+            break
+        first, last = grown
+    if end > spans[last][1]:
+        return None
+    offset = spans[first][0]
+    return context[offset:spans[last][1]], offset
+
+
+def squad(shared: Path, rng: random.Random) -> None:
+    """Train: every question of the 44-article SQuAD v1.1 train subset, over the sentences around its
+    answer (at most QA_CONTEXT_WORDS words) rather than the whole paragraph. Dev: SQUAD_DEV_ARTICLES
+    of the official dev set, whole paragraphs."""
     out = OUT / "squad"
     out.mkdir(parents=True, exist_ok=True)
-    for split, file, titles in (("train", "train-v1.1-subset-44articles.json", SQUAD_TRAIN_ARTICLES),
-                                ("dev", "dev-v1.1.json", SQUAD_DEV_ARTICLES)):
-        articles = json.loads((shared / "squad" / "v1.1" / file).read_text(encoding="utf-8"))["data"]
-        keep = [a for a in articles if a["title"] in titles]
-        (out / f"{split}.json").write_text(json.dumps({"version": "1.1", "data": keep}, ensure_ascii=False),
-                                           encoding="utf-8")
+    articles = []
+    for article in _squad(shared, SQUAD_TRAIN):
+        paragraphs = []
+        for paragraph in article["paragraphs"]:
+            for question in paragraph["qas"]:
+                answer = question["answers"][0]
+                start = answer["answer_start"]
+                excerpt = _around_answer(paragraph["context"], start, start + len(answer["text"]), rng)
+                if excerpt is None:
+                    continue
+                text, offset = excerpt
+                paragraphs.append({"context": text, "qas": [{
+                    "id": question["id"], "question": question["question"],
+                    "answers": [{"text": answer["text"], "answer_start": start - offset}]}]})
+        articles.append({"title": article["title"], "paragraphs": paragraphs})
+    (out / "train.json").write_text(json.dumps({"version": "1.1", "data": articles}, ensure_ascii=False),
+                                    encoding="utf-8")
+    keep = [a for a in _squad(shared, "dev-v1.1.json") if a["title"] in SQUAD_DEV_ARTICLES]
+    (out / "dev.json").write_text(json.dumps({"version": "1.1", "data": keep}, ensure_ascii=False), encoding="utf-8")
 
 
 def main() -> None:
     shared = Path(sys.argv[1] if len(sys.argv) > 1 else "../shared/data")
     rng = random.Random(0)
-    topic_questions(shared, rng)
-    stsb_images(shared)
-    wnut17(shared)
-    squad(shared)
+    topics(shared, rng)
+    stsb(shared)
+    entities(shared, rng)
+    squad(shared, rng)
     for path in sorted(OUT.rglob("*.*")):
         print(f"{path.relative_to(OUT)}: {path.stat().st_size:,} bytes")
 

@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from berth import __version__
 from service.errors import install_error_handlers
 from service.middleware import RequestGuard
+from service.playground import install_playground
 from service.routes import probes, v1
 from service.runtime import Runtime
 from service.settings import ServiceSettings
@@ -19,7 +20,8 @@ DESCRIPTION = """BERT heads served on ONNX Runtime with dynamic batching.
 Every /v1 inference route takes one input or a list (`inputs`) and answers `{"model", "results"}`, one
 result per input in input order. Errors are always `{"error", "error_type"}` with the matching status.
 Character offsets are Python str indices into the caller's own string. Timing headers: `x-total-time`,
-`x-tokenization-time`, `x-queue-time`, `x-inference-time` (milliseconds)."""
+`x-tokenization-time`, `x-queue-time`, `x-inference-time` (milliseconds), and `Server-Timing` with every
+stage (parse, tokenize, queue, pad, inference, wake, decode, serialize)."""
 
 
 def create_app(settings: ServiceSettings | None = None, runtime: Runtime | None = None) -> FastAPI:
@@ -37,5 +39,10 @@ def create_app(settings: ServiceSettings | None = None, runtime: Runtime | None 
     install_error_handlers(app)
     app.include_router(v1)
     app.include_router(probes)
-    app.add_middleware(RequestGuard, metrics=runtime.metrics, max_body_bytes=settings.max_body_bytes)
+    if settings.playground:
+        install_playground(app)
+    app.add_middleware(RequestGuard, metrics=runtime.metrics, max_body_bytes=settings.max_body_bytes,
+                       api_key=settings.api_key.get_secret_value() if settings.api_key else None,
+                       max_concurrent=settings.max_concurrent_requests,
+                       body_read_timeout_s=settings.body_read_timeout_s, retry_after_s=settings.retry_after_s)
     return app

@@ -1,9 +1,11 @@
 """`berth serve`: serve a model repository (a folder of bundles) over HTTP.
 
 Flags override `BERTH_*` environment variables, which override the defaults (service/settings.py).
-The API key is read from BERTH_API_KEY only, so it never shows in a process listing. SIGTERM (or
-Ctrl-C) stops admitting work, lets queued and in-flight requests finish within
---shutdown-timeout seconds, then exits.
+The API key is read from BERTH_API_KEY only, so it never shows in a process listing; an empty one is
+refused. SIGTERM drains: /readyz turns 503 at once while requests are still served for --drain-delay
+seconds (so load balancers notice), then new requests are refused (the listener closes), queued and
+in-flight ones finish within --shutdown-timeout seconds (0: not waited for), and the process exits 0.
+Ctrl-C (or a second SIGTERM) skips the drain delay.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +34,9 @@ SETTING_FLAGS = {  # flag -> (settings field, type, help)
     "--request-timeout": ("request_timeout_s", float, "seconds before a request gets 504 (default 30)"),
     "--threads": ("intra_op_threads", int, "ONNX Runtime intra-op threads per model (default 0: all cores)"),
     "--device": ("device", str, "auto | cpu | cuda (default auto)"),
-    "--shutdown-timeout": ("shutdown_timeout_s", float, "seconds to finish queued work on SIGTERM (default 20)"),
+    "--drain-delay": ("drain_delay_s", float, "seconds to keep serving with /readyz 503 after SIGTERM (default 0)"),
+    "--shutdown-timeout": ("shutdown_timeout_s", float, "seconds, after the drain delay, to finish in-flight work "
+                                                       "(default 20; 0: do not wait)"),
     "--log-level": ("log_level", str, "debug | info | warning | error (default info)"),
 }
 
@@ -73,6 +79,9 @@ def settings_from_args(args: argparse.Namespace):
     return ServiceSettings.from_env(**overrides)
 
 
+log = logging.getLogger("berth.service")
+
+
 def run(args: argparse.Namespace) -> int:
     import uvicorn
     from pydantic import ValidationError
@@ -86,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
     except ValidationError as error:
         print(f"berth serve: invalid settings:\n{error}", file=sys.stderr)
         return 2
+    # encode_batch's Rust pool: as many threads as the tokenizer workers, not one per host core
+    os.environ.setdefault("RAYON_NUM_THREADS", str(settings.tokenizer_threads))
     log_config = configure_logging(settings.log_level, settings.log_json)
     print("berth serve settings: " + json.dumps(settings.describe(), sort_keys=True), file=sys.stderr, flush=True)
     runtime = Runtime(settings)
@@ -96,21 +107,31 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     class Server(uvicorn.Server):
+        drain_until: float | None = None
+
         def handle_exit(self, sig: int, frame: Any) -> None:
-            runtime.begin_shutdown()  # stop admitting before uvicorn starts waiting on connections
-            super().handle_exit(sig, frame)
+            if sig == signal.SIGTERM and self.drain_until is None and settings.drain_delay_s > 0:
+                runtime.begin_drain()  # /readyz 503 now; keep serving until the delay has passed (on_tick)
+                self.drain_until = time.monotonic() + settings.drain_delay_s
+                log.info("SIGTERM: draining; serving %.1f s more with /readyz 503", settings.drain_delay_s)
+            else:
+                runtime.stop_admitting()  # stop admitting before uvicorn starts waiting on connections
+                super().handle_exit(sig, frame)
             if sig == signal.SIGTERM:  # a drained stop is a clean exit (0), not death by the re-raised signal
                 self._captured_signals = [s for s in self._captured_signals if s != signal.SIGTERM]
 
         async def on_tick(self, counter: int) -> bool:
             if runtime.phase is Phase.FAILED:
                 self.should_exit = True
+            if self.drain_until is not None and not self.should_exit and time.monotonic() >= self.drain_until:
+                runtime.stop_admitting()
+                self.should_exit = True
             return await super().on_tick(counter)
 
     config = uvicorn.Config(
         create_app(settings, runtime), host=settings.host, port=settings.port, log_config=log_config,
         log_level=settings.log_level.lower(), access_log=False, lifespan="on",
-        timeout_graceful_shutdown=max(1, int(settings.shutdown_timeout_s)) if settings.shutdown_timeout_s else None,
+        timeout_graceful_shutdown=settings.shutdown_timeout_s,  # 0: in-flight requests are not waited for
     )
     server = Server(config)
     server.run()

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from service.errors import ErrorType, ServiceError
+from service.graphemes import extend_end
 from service.models import ServedModel
 from service.schemas import (
     ChoiceInput,
@@ -54,6 +55,9 @@ class TaskHandler:
     def texts(self, raw: Any) -> list[tuple[str, str]]:
         """(field name, text) of one input, for the limit checks."""
         raise NotImplementedError
+
+    def check_body(self, body: Any, settings: Any) -> None:
+        """Request options a setting caps (422 naming it); nothing by default."""
 
     def prepare(self, model: ServedModel, raw: Any, body: Any, index: int) -> Prepared:
         raise NotImplementedError
@@ -111,9 +115,17 @@ class NERHandler(TaskHandler):
         return Prepared(windows.items, windows)
 
     def finish(self, model, prepared, outputs, body: NERRequest) -> list[Any]:
-        return [ner.decode_entities(item.state.text, item.state, [o["logits"] for o in out], model.spec.labels,
-                                    aggregation=body.aggregation)
-                for item, out in zip(prepared, outputs)]
+        results = []
+        for item, out in zip(prepared, outputs):
+            text = item.state.text
+            entities = ner.decode_entities(text, item.state, [o["logits"] for o in out], model.spec.labels,
+                                           aggregation=body.aggregation)
+            for entity in entities:
+                end = extend_end(text, entity["end"])
+                if end != entity["end"]:
+                    entity["end"], entity["text"] = end, text[entity["start"]:end]
+            results.append(entities)
+        return results
 
 
 def ner_overlap(model: ServedModel) -> int:
@@ -127,6 +139,11 @@ class QAHandler(TaskHandler):
 
     def texts(self, raw: QAInput) -> list[tuple[str, str]]:
         return [("question", raw.question), ("context", raw.context)]
+
+    def check_body(self, body: QARequest, settings: Any) -> None:
+        if body.max_answer_length > settings.max_answer_length_cap:
+            raise ServiceError(ErrorType.VALIDATION, f"max_answer_length: {body.max_answer_length} tokens; the limit "
+                               f"is {settings.max_answer_length_cap} (max_answer_length_cap)")
 
     def prepare(self, model: ServedModel, raw: QAInput, body: QARequest, index: int) -> Prepared:
         spec = model.spec
@@ -143,8 +160,12 @@ class QAHandler(TaskHandler):
                 item.state, [o["start_logits"] for o in out], [o["end_logits"] for o in out],
                 n_best_size=max(20, body.top_k), max_answer_length=body.max_answer_length, top_k=body.top_k,
                 handle_impossible=handle_impossible, null_score_diff_threshold=spec.null_score_diff_threshold)
-            shaped = [{"answer": a.answer, "start": a.start, "end": a.end, "score": a.score,
-                       "is_impossible": a.is_impossible} for a in answers]
+            context = item.state[0].context
+            shaped = []
+            for a in answers:
+                end = extend_end(context, a.end) if not a.is_impossible else a.end
+                shaped.append({"answer": context[a.start:end] if end != a.end else a.answer, "start": a.start,
+                               "end": end, "score": a.score, "is_impossible": a.is_impossible})
             results.append(shaped if body.top_k > 1 else shaped[0])
         return results
 

@@ -1,25 +1,29 @@
 """The one code path every /v1 inference request takes, whether `inputs` is one input or a list:
 
-    resolve the model -> check limits -> encode (in a thread when large) -> submit all items to the
-    model's batcher -> await them (or the timeout, or the client leaving) -> decode -> JSON
+    resolve the model -> check limits (characters) -> encode (in the tokenizer thread when large) ->
+    check budgets (items, tokens) -> submit all items to the model's batcher -> await them (or the
+    timeout, or the client leaving) -> decode (in the tokenizer thread when large) -> JSON (orjson)
 
 A client that disconnects or a request that times out cancels its items' futures, so the batcher
-drops whatever of it is still queued instead of computing it.
+drops whatever of it is still queued instead of computing it. Every stage is timed and reported in
+the `Server-Timing` header (milliseconds), so the per-request overhead can be read off any response.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from fastapi import Request, Response
 
 from service.errors import ErrorType, ServiceError
 from service.handlers import TaskHandler
+from service.middleware import STARTED_AT
 from service.models import ROUTES, ServedModel
 from service.runtime import Runtime
 from service.settings import ServiceSettings
@@ -29,9 +33,20 @@ CLIENT_GONE_STATUS = 499  # nginx's "client closed request": nobody reads it, th
 
 @dataclass(slots=True)
 class Timings:
+    parse_s: float = 0.0  # body received -> handler called (JSON parsing, validation)
     tokenize_s: float = 0.0
-    queue_s: float = 0.0
-    inference_s: float = 0.0
+    queue_s: float = 0.0  # the longest wait of the request's items before their forward pass
+    pad_s: float = 0.0
+    inference_s: float = 0.0  # the forward passes the request's items were in, added up
+    wake_s: float = 0.0  # the last forward pass's end -> the request resumes on the event loop
+    decode_s: float = 0.0
+    serialize_s: float = 0.0
+
+    def server_timing(self, total_s: float) -> str:
+        stages = [("parse", self.parse_s), ("tokenize", self.tokenize_s), ("queue", self.queue_s),
+                  ("pad", self.pad_s), ("inference", self.inference_s), ("wake", self.wake_s), ("decode", self.decode_s),
+                  ("serialize", self.serialize_s), ("total", total_s)]
+        return ", ".join(f"{name};dur={seconds * 1000:.3f}" for name, seconds in stages)
 
 
 class _ClientGone(Exception):
@@ -42,27 +57,33 @@ async def infer(request: Request, runtime: Runtime, handler: TaskHandler, body: 
                 payload_shape: Callable[[str, list[Any]], dict[str, Any]] | None = None) -> Response:
     """`payload_shape(model name, results)` replaces the `{"model", "results"}` body (e.g. OpenAI's shape)."""
     started = time.perf_counter()
+    received = request.scope.get("state", {}).get(STARTED_AT, started)
     model = runtime.resolve(body.model, handler.task)
     request.state.berth_model = model.name
     inputs = body.inputs if isinstance(body.inputs, list) else [body.inputs]
     check_inputs(inputs, handler, runtime.settings)
-    runtime.metrics.request_inputs.labels(handler.route or ROUTES[handler.task], model.name).inc(len(inputs))
+    handler.check_body(body, runtime.settings)
 
     timeout = runtime.settings.request_timeout_s
     deadline = time.monotonic() + timeout
-    work = asyncio.ensure_future(_compute(model, handler, inputs, body, deadline, runtime.settings))
+    work = asyncio.ensure_future(_compute(model, handler, inputs, body, deadline, runtime))
     try:
         results, timings = await _until_done_or_gone(request.receive, work, timeout)
     except _ClientGone:
         return Response(status_code=CLIENT_GONE_STATUS)
+    timings.parse_s = started - received
+    begin = time.perf_counter()
     body_out = payload_shape(model.name, results) if payload_shape else {"model": model.name, "results": results}
-    payload = json.dumps(body_out, ensure_ascii=False).encode("utf-8")
-    total = time.perf_counter() - started
+    payload = orjson.dumps(body_out, option=orjson.OPT_SERIALIZE_NUMPY)
+    end = time.perf_counter()
+    timings.serialize_s = end - begin
+    total = end - received
     return Response(payload, media_type="application/json", headers={
         "x-total-time": _ms(total),
         "x-tokenization-time": _ms(timings.tokenize_s),
         "x-queue-time": _ms(timings.queue_s),
         "x-inference-time": _ms(timings.inference_s),
+        "server-timing": timings.server_timing(total),
         "x-model": model.name,
     })
 
@@ -78,6 +99,7 @@ def check_inputs(inputs: list[Any], handler: TaskHandler, settings: ServiceSetti
     if len(inputs) > settings.max_inputs_per_request:
         raise ServiceError(ErrorType.TOO_LARGE, f"inputs: {len(inputs)} inputs in one request; the limit is "
                            f"{settings.max_inputs_per_request} (max_inputs_per_request)")
+    total = 0
     for index, raw in enumerate(inputs):
         for field, text in handler.texts(raw):
             where = f"inputs[{index}]" + ("" if isinstance(raw, str) else f".{field}")
@@ -86,6 +108,10 @@ def check_inputs(inputs: list[Any], handler: TaskHandler, settings: ServiceSetti
             if len(text) > settings.max_chars_per_input:
                 raise ServiceError(ErrorType.TOO_LARGE, f"{where}: {len(text)} characters; the limit is "
                                    f"{settings.max_chars_per_input} (max_chars_per_input)")
+            total += len(text)
+            if total > settings.max_chars_per_request:
+                raise ServiceError(ErrorType.TOO_LARGE, f"inputs: more than {settings.max_chars_per_request} "
+                                   "characters in one request (max_chars_per_request); split it into several requests")
             try:
                 text.encode("utf-8")
             except UnicodeEncodeError as error:
@@ -93,19 +119,39 @@ def check_inputs(inputs: list[Any], handler: TaskHandler, settings: ServiceSetti
                                    f"at character {error.start})") from None
 
 
+def check_budget(prepared: list[Any], settings: ServiceSettings) -> None:
+    """The exact per-request budgets, after tokenizing and before any inference (413 naming the limit)."""
+    items = sum(len(p.items) for p in prepared)
+    if items > settings.max_items_per_request:
+        raise ServiceError(ErrorType.TOO_LARGE, f"the request makes {items} model inputs (sequences or windows); "
+                           f"the limit is {settings.max_items_per_request} (max_items_per_request)")
+    tokens = sum(len(item) for p in prepared for item in p.items)
+    if tokens > settings.max_tokens_per_request:
+        raise ServiceError(ErrorType.TOO_LARGE, f"the request makes {tokens} tokens (windows included); the limit "
+                           f"is {settings.max_tokens_per_request} (max_tokens_per_request)")
+
+
 async def _compute(model: ServedModel, handler: TaskHandler, inputs: list[Any], body: Any, deadline: float,
-                   settings: ServiceSettings) -> tuple[list[Any], Timings]:
+                   runtime: Runtime) -> tuple[list[Any], Timings]:
+    settings = runtime.settings
     timings = Timings()
     chars = sum(len(text) for raw in inputs for _, text in handler.texts(raw))
-    offload = chars > settings.tokenize_in_thread_chars  # keep the event loop free of big tokenizations
-
-    begin = time.perf_counter()
-    prepared = await _maybe_in_thread(offload, lambda: [handler.prepare(model, raw, body, i)
-                                                        for i, raw in enumerate(inputs)])
-    timings.tokenize_s = time.perf_counter() - begin
+    # Small requests are tokenized inline (a thread hop costs more than they do); large ones in the
+    # tokenizer thread, where `encode_batch` releases the GIL and the event loop keeps serving.
+    pool = runtime.tokenizer_pool if chars > settings.tokenize_in_thread_chars else None
 
     assert model.batcher is not None
-    futures = model.batcher.submit([item for p in prepared for item in p.items], deadline)
+    begin = time.perf_counter()
+    model.batcher.expect(+1)  # the batcher may wait up to max_wait for these items, not longer
+    try:
+        prepared = await _maybe_in_thread(pool, lambda: [handler.prepare(model, raw, body, i)
+                                                         for i, raw in enumerate(inputs)])
+        timings.tokenize_s = time.perf_counter() - begin
+        check_budget(prepared, settings)
+        futures = model.batcher.submit([item for p in prepared for item in p.items], deadline)
+    finally:
+        model.batcher.expect(-1)
+    runtime.metrics.request_inputs.labels(handler.route or ROUTES[handler.task], model.name).inc(len(inputs))
     try:
         item_results = await asyncio.gather(*futures)
     except BaseException:
@@ -114,17 +160,21 @@ async def _compute(model: ServedModel, handler: TaskHandler, inputs: list[Any], 
         raise
     timings.queue_s = max(r.queue_seconds for r in item_results)
     timings.inference_s = sum({r.run_id: r.inference_seconds for r in item_results}.values())
+    timings.pad_s = sum({r.run_id: r.pad_seconds for r in item_results}.values())
+    timings.wake_s = max(0.0, time.perf_counter() - max(r.finished_at for r in item_results))
 
     outputs, at = [], 0
     for p in prepared:
         outputs.append([r.outputs for r in item_results[at : at + len(p.items)]])
         at += len(p.items)
-    results = await _maybe_in_thread(offload, lambda: handler.finish(model, prepared, outputs, body))
+    begin = time.perf_counter()
+    results = await _maybe_in_thread(pool, lambda: handler.finish(model, prepared, outputs, body))
+    timings.decode_s = time.perf_counter() - begin
     return results, timings
 
 
-async def _maybe_in_thread(offload: bool, fn: Callable[[], Any]) -> Any:
-    return await asyncio.to_thread(fn) if offload else fn()
+async def _maybe_in_thread(pool: Executor | None, fn: Callable[[], Any]) -> Any:
+    return await asyncio.get_running_loop().run_in_executor(pool, fn) if pool is not None else fn()
 
 
 async def _until_done_or_gone(receive: Callable[[], Awaitable[dict]], work: asyncio.Future,

@@ -31,7 +31,7 @@ class Metrics:
             "berth_request_duration_seconds", "Time from request received to response ready",
             ["route", "model"], buckets=LATENCY_BUCKETS, registry=r)
         self.request_inputs = Counter(
-            "berth_request_inputs", "Inputs (texts, pairs, questions) received in accepted requests",
+            "berth_request_inputs", "Inputs (texts, pairs, questions) of requests admitted to the queue",
             ["route", "model"], registry=r)
         self.queue_wait = Histogram(
             "berth_queue_wait_seconds", "Time an item waited in the queue before its forward pass began",
@@ -46,7 +46,12 @@ class Metrics:
             "berth_batch_tokens", "Padded tokens (batch size x bucket length) in one forward pass",
             ["model"], buckets=BATCH_TOKEN_BUCKETS, registry=r)
         self.items_inferred = Counter(
-            "berth_items_inferred", "Items computed by the model", ["model"], registry=r)
+            "berth_items_inferred", "Items computed by the model (warm-up not counted)", ["model"], registry=r)
+        self.inference_failures = Counter(
+            "berth_inference_failures", "Forward passes that raised (each retried half counts again)",
+            ["model"], registry=r)
+        self.items_failed = Counter(
+            "berth_items_failed", "Items whose forward pass failed even alone (answered 500)", ["model"], registry=r)
         self.queue_depth = Gauge(
             "berth_queue_depth", "Items waiting in the queue (not yet in a forward pass)", ["model"], registry=r)
         self.items_dropped = Counter(
@@ -58,11 +63,14 @@ class Metrics:
             "berth_model_info", "Served models (value 1) with their task, precision and execution provider",
             ["model", "task", "precision", "provider"], registry=r)
         self.model_ready = Gauge(
-            "berth_model_ready", "1 when the model is loaded and warmed up", ["model"], registry=r)
+            "berth_model_ready", "1 when the model is loaded, warmed up and not failing (see max_consecutive_failures)",
+            ["model"], registry=r)
 
     def register_model(self, model: str, task: str, precision: str, provider: str) -> None:
         self.model_info.labels(model, task, precision, provider).set(1)
         self.queue_depth.labels(model).set(0)
+        self.inference_failures.labels(model)
+        self.items_failed.labels(model)
         for reason in DROP_REASONS:
             self.items_dropped.labels(model, reason)
         for reason in REJECT_REASONS:

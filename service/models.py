@@ -9,7 +9,9 @@ CUDA when present and fit for the bundle's precision, else the CPU with the conf
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,10 +24,10 @@ from service.batcher import Batcher, BatchPolicy, clip_buckets
 from service.errors import ErrorType, ServiceError
 from service.metrics import Metrics
 from service.settings import ServiceSettings
-from tasks.bundle import Bundle, BundleError, find_bundles, load_bundle
+from tasks.bundle import MODEL_FILE, TOKENIZER_FILE, Bundle, BundleError, find_bundles, load_bundle
 from tasks.onnx_session import CUDA, create_session
 from tasks.spec import OUTPUT_NAMES, TaskSpec
-from tasks.tokenizer import CLS, SEP, UNK, EncodedInput, load_tokenizer
+from tasks.tokenizer import CLS, SEP, UNK, EncodedInput
 
 log = logging.getLogger("berth.service.models")
 
@@ -40,6 +42,24 @@ class RepositoryError(RuntimeError):
     """The model repository cannot be served as configured (no bundles, a named one missing, a bad bundle)."""
 
 
+class GilFreeTokenizer:
+    """A `tokenizers.Tokenizer` whose `encode` goes through `encode_batch`, which releases the GIL while
+    Rust tokenizes: a 100,000-character text tokenized in a worker thread no longer stalls the event
+    loop for the whole call (`Tokenizer.encode` holds the GIL throughout). Everything else is delegated."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.inner = tokenizer
+
+    def encode(self, sequence: Any, pair: Any = None, is_pretokenized: bool = False,
+               add_special_tokens: bool = True) -> Any:
+        item = sequence if pair is None else (sequence, pair)
+        return self.inner.encode_batch([item], is_pretokenized=is_pretokenized,
+                                       add_special_tokens=add_special_tokens)[0]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
 class OnnxEngine:
     """One ONNX Runtime session: padded int64 feeds in, float32 outputs by name out.
 
@@ -48,7 +68,8 @@ class OnnxEngine:
     """
 
     def __init__(self, bundle: Bundle, intra_op_threads: int, prefer_gpu: bool, allow_spinning: bool = False):
-        self.session, self.provider = create_session(bundle.model_path, bundle.precision, intra_op_threads, prefer_gpu,
+        model_bytes = verified_bytes(bundle, MODEL_FILE)  # the bytes hashed are the bytes ONNX Runtime loads
+        self.session, self.provider = create_session(model_bytes, bundle.precision, intra_op_threads, prefer_gpu,
                                                      allow_spinning=allow_spinning)
         self.input_names = [node.name for node in self.session.get_inputs()]
         self.output_names = list(OUTPUT_NAMES[bundle.task])
@@ -74,7 +95,7 @@ class ServedModel:
     name: str
     bundle: Bundle
     spec: TaskSpec
-    tokenizer: Tokenizer
+    tokenizer: GilFreeTokenizer
     engine: OnnxEngine | None = None
     batcher: Batcher | None = None
     ready: bool = False
@@ -102,7 +123,13 @@ class ServedModel:
             "length_buckets": self.batcher.policy.buckets if self.batcher else [],
             "version_2_with_negative": self.spec.version_2_with_negative if self.task == "qa" else None,
             "ready": self.ready,
+            "examples": self.bundle.examples,
+            "below_quality_floor": self.below_quality_floor,
         }
+
+    @property
+    def below_quality_floor(self) -> bool:
+        return bool(self.bundle.quality.get("below_floor", False))
 
 
 def discover(settings: ServiceSettings) -> list[Bundle]:
@@ -132,13 +159,31 @@ def discover(settings: ServiceSettings) -> list[Bundle]:
     return bundles
 
 
-def load_model(bundle: Bundle, settings: ServiceSettings, metrics: Metrics) -> ServedModel:
+def verified_bytes(bundle: Bundle, name: str) -> bytes:
+    """A bundle file's bytes, read once and checked against the manifest's sha256: what is used is what
+    was verified, even if the file changes on disk after discovery."""
+    data = (bundle.path / name).read_bytes()
+    if hashlib.sha256(data).hexdigest() != bundle.files[name].sha256:
+        raise RepositoryError(f"bundle {bundle.path.name}: {name} changed since it was verified (sha256 differs "
+                              "from bundle.json)")
+    return data
+
+
+def load_bundle_tokenizer(bundle: Bundle) -> GilFreeTokenizer:
+    tokenizer = Tokenizer.from_str(verified_bytes(bundle, TOKENIZER_FILE).decode("utf-8"))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    return GilFreeTokenizer(tokenizer)
+
+
+def load_model(bundle: Bundle, settings: ServiceSettings, metrics: Metrics, intra_op_threads: int | None = None,
+               compute_slots: threading.Semaphore | None = None) -> ServedModel:
     """Session, tokenizer and batcher for one verified bundle; warmed up when settings say so."""
     started = time.perf_counter()
     name = bundle.path.name  # the folder name is the model name
     spec = bundle.spec()
-    engine = OnnxEngine(bundle, settings.intra_op_threads, prefer_gpu=settings.device != "cpu",
-                        allow_spinning=settings.ort_spinning)
+    threads = settings.intra_op_threads if intra_op_threads is None else intra_op_threads
+    engine = OnnxEngine(bundle, threads, prefer_gpu=settings.device != "cpu", allow_spinning=settings.ort_spinning)
     if settings.device == "cuda" and engine.provider != CUDA and bundle.precision != "int8":
         raise RepositoryError(f"bundle {name}: device cuda was asked for, but the session runs on {engine.provider} "
                               "(is onnxruntime-gpu installed, and a GPU visible?)")
@@ -149,13 +194,20 @@ def load_model(bundle: Bundle, settings: ServiceSettings, metrics: Metrics) -> S
         max_wait_s=settings.max_wait_ms / 1000,
         max_queue_items=settings.max_queue_items,
         min_retry_after_s=settings.retry_after_s,
+        pad_multiple=None if engine.provider == CUDA else settings.pad_multiple,  # GPUs: few shapes; CPUs: few pads
+        max_consecutive_failures=settings.max_consecutive_failures,
     )
     if spec.max_seq_length > settings.max_batch_tokens:
         raise RepositoryError(f"bundle {name}: max_seq_length {spec.max_seq_length} exceeds max_batch_tokens "
                               f"{settings.max_batch_tokens}; a full-length input could never run")
-    batcher = Batcher(name, engine, policy, metrics, per_token=spec.task in PER_TOKEN_TASKS)
-    model = ServedModel(name, bundle, spec, load_tokenizer(bundle.tokenizer_path), engine, batcher)
+    batcher = Batcher(name, engine, policy, metrics, per_token=spec.task in PER_TOKEN_TASKS,
+                      compute_slots=compute_slots)
+    model = ServedModel(name, bundle, spec, load_bundle_tokenizer(bundle), engine, batcher)
     metrics.register_model(name, spec.task, bundle.precision, engine.provider)
+    if model.below_quality_floor:
+        quality = bundle.quality
+        log.warning("MODEL %s IS BELOW ITS QUALITY FLOOR: dev %s %s < %s; its answers are not to be trusted",
+                    name, quality.get("metric"), quality.get("value"), quality.get("floor"))
     if settings.warmup:
         model.warmup_shapes = warm_up(model)
     model.load_seconds = time.perf_counter() - started
@@ -181,7 +233,7 @@ def warm_up(model: ServedModel) -> list[tuple[int, int]]:
 
 
 def resolve_model(bundles: dict[str, Bundle], models: dict[str, ServedModel], name: str | None,
-                  task: str) -> ServedModel:
+                  task: str, retry_after: int = 1) -> ServedModel:
     """The model a request names, or the route's default: the first model of the route's task by name.
 
     `bundles` are all the bundles being served, `models` those loaded so far. 404 for an unknown
@@ -201,7 +253,7 @@ def resolve_model(bundles: dict[str, Bundle], models: dict[str, ServedModel], na
                            f"use POST {ROUTES[bundle.task]} (this route serves {task} models)")
     model = models.get(name)
     if model is None or not model.ready:
-        raise ServiceError(ErrorType.OVERLOADED, f"model {name!r} is loading", status=503, retry_after=1)
+        raise ServiceError(ErrorType.OVERLOADED, f"model {name!r} is loading", status=503, retry_after=retry_after)
     return model
 
 

@@ -131,7 +131,7 @@ async def list_models(runtime: RuntimeDep) -> dict:
             spec = bundle.spec()
             described.append({"name": name, "task": bundle.task, "labels": spec.labels,
                               "max_seq_length": spec.max_seq_length, "precision": bundle.precision,
-                              "execution_provider": None, "ready": False})
+                              "execution_provider": None, "ready": False, "examples": bundle.examples})
     return {"models": described, "phase": runtime.phase.value}
 
 
@@ -140,14 +140,14 @@ probes = APIRouter()
 
 @probes.get("/healthz", summary="Liveness: the process answers (503 only when loading the models failed)")
 async def healthz(runtime: RuntimeDep) -> JSONResponse:
-    if runtime.phase is Phase.FAILED:
-        return JSONResponse({"status": "failed", "error": runtime.failure}, status_code=503)
+    if runtime.phase is Phase.FAILED:  # the reason is in the server log, not shown to unauthenticated callers
+        return JSONResponse({"status": "failed"}, status_code=503)
     return JSONResponse({"status": "alive", "phase": runtime.phase.value})
 
 
-@probes.get("/readyz", summary="Readiness: every model loaded and warmed up, and not shutting down")
+@probes.get("/readyz", summary="Readiness: every model loaded, warmed up and not failing, and not shutting down")
 async def readyz(runtime: RuntimeDep) -> JSONResponse:
-    models = {name: name in runtime.models and runtime.models[name].ready for name in runtime.bundles}
+    models = {name: runtime.model_ready(name) for name in runtime.bundles}
     if runtime.ready:
         return JSONResponse({"status": "ready", "models": models})
     return JSONResponse({"status": runtime.phase.value, "models": models}, status_code=503,

@@ -4,7 +4,15 @@
         \\--a model failed to load--> FAILED (liveness reports it; `berth serve` exits with an error)
 
 /healthz answers 200 from the first moment (the process is alive) unless FAILED; /readyz answers 200
-only in READY. Discovery (manifests and file hashes) runs before the server accepts connections, so
+only in READY, and only while no model has failed max_consecutive_failures forward passes in a row.
+
+The drain (see `berth serve`): SIGTERM -> DRAINING, /readyz 503, requests still admitted for
+drain_delay_s (load balancers need that long to notice) -> `stop_admitting()`: new requests 503,
+queued and in-flight ones finish -> `stop()` within what is left of shutdown_timeout_s.
+
+Threads: forward passes of all models share `usable_cpus() // intra_op_threads` compute slots (one
+by default), so the ONNX Runtime pools never run more threads than the cores allow; large
+tokenizations run on one tokenizer thread, with the GIL released (`encode_batch`). Discovery (manifests and file hashes) runs before the server accepts connections, so
 a bad repository stops the start with the bundle and the reason; sessions and warm-up run after,
 off the event loop.
 """
@@ -13,9 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from enum import StrEnum
 
+from service.cpu import usable_cpus
 from service.errors import ErrorType, ServiceError
 from service.metrics import Metrics
 from service.models import ServedModel, discover, load_model, resolve_model
@@ -40,11 +51,22 @@ class Runtime:
         self.models: dict[str, ServedModel] = {}
         self.phase = Phase.STARTING
         self.failure: str | None = None
+        self.admitting = True
+        self.stop_deadline: float | None = None  # monotonic time by which in-flight work must be done
         self._loader: asyncio.Task | None = None
+        self.cpus = usable_cpus()
+        self.intra_op_threads = settings.intra_op_threads or self.cpus
+        self.compute_slots = threading.Semaphore(max(1, self.cpus // self.intra_op_threads))
+        self.tokenizer_pool = ThreadPoolExecutor(max_workers=settings.tokenizer_threads,
+                                                 thread_name_prefix="berth-tokenizer")
 
     @property
     def ready(self) -> bool:
-        return self.phase is Phase.READY
+        return self.phase is Phase.READY and all(self.model_ready(name) for name in self.bundles)
+
+    def model_ready(self, name: str) -> bool:
+        model = self.models.get(name)
+        return model is not None and model.ready and (model.batcher is None or model.batcher.healthy)
 
     def discover(self) -> None:
         """Find and verify the bundles (manifests and hashes); raises RepositoryError naming the problem."""
@@ -57,13 +79,17 @@ class Runtime:
         for name in self.bundles:
             self.metrics.model_ready.labels(name).set(0)
         log.info("serving %d model(s) from %s: %s", len(self.bundles), self.settings.models, ", ".join(self.bundles))
+        log.info("threads: %d usable core(s); %d ONNX Runtime thread(s) per forward pass, %d compute slot(s) shared "
+                 "by all models; %d tokenizer thread(s)", self.cpus, self.intra_op_threads,
+                 self.compute_slots._value, self.settings.tokenizer_threads)
         self._loader = asyncio.get_running_loop().create_task(self._load_all(), name="berth-model-loader")
 
     async def _load_all(self) -> None:
         started = time.perf_counter()
         try:
             for name, bundle in self.bundles.items():
-                model = await asyncio.to_thread(load_model, bundle, self.settings, self.metrics)
+                model = await asyncio.to_thread(load_model, bundle, self.settings, self.metrics,
+                                                self.intra_op_threads, self.compute_slots)
                 if self.phase is not Phase.STARTING:  # shut down (or failed) while this one loaded
                     return
                 assert model.batcher is not None
@@ -86,26 +112,42 @@ class Runtime:
             await asyncio.shield(self._loader)
 
     def resolve(self, name: str | None, task: str) -> ServedModel:
-        if self.phase is Phase.DRAINING:
+        if not self.admitting:
             raise ServiceError(ErrorType.OVERLOADED, "the server is shutting down", status=503,
                                retry_after=self.settings.retry_after_s)
-        return resolve_model(self.bundles, self.models, name, task)
+        return resolve_model(self.bundles, self.models, name, task, retry_after=self.settings.retry_after_s)
 
-    def begin_shutdown(self) -> None:
-        """Stop admitting work (new requests get 503, /readyz turns 503); queued work continues.
-        Called from the SIGTERM handler, so it only flips flags."""
+    def begin_drain(self) -> None:
+        """SIGTERM: /readyz turns 503 at once; requests are still admitted until `stop_admitting`.
+        Called from the signal handler, so it only flips a flag."""
         if self.phase is not Phase.FAILED:
             self.phase = Phase.DRAINING
+
+    def stop_admitting(self) -> None:
+        """New requests get 503; what is queued or in flight continues."""
+        self.begin_drain()
+        if self.admitting:
+            self.stop_deadline = time.monotonic() + self.settings.shutdown_timeout_s
+        self.admitting = False
         for model in list(self.models.values()):
             if model.batcher is not None:
                 model.batcher.begin_draining()
 
-    async def stop(self) -> None:
-        """Finish what is queued (within shutdown_timeout_s), then stop every batcher."""
-        self.begin_shutdown()
+    def begin_shutdown(self) -> None:
+        """Both at once: stop admitting now (no drain delay)."""
+        self.stop_admitting()
+
+    async def stop(self, timeout: float | None = None) -> None:
+        """Finish what is queued within `timeout` (default shutdown_timeout_s; 0: do not wait), then stop
+        every batcher."""
+        self.stop_admitting()
         if self._loader is not None and not self._loader.done():
             self._loader.cancel()
-        timeout = self.settings.shutdown_timeout_s
+        if timeout is None:  # what is left of shutdown_timeout_s since admission stopped
+            assert self.stop_deadline is not None
+            timeout = self.stop_deadline - time.monotonic()
+        timeout = max(0.0, timeout)
         await asyncio.gather(*(m.batcher.close(timeout) for m in self.models.values() if m.batcher is not None))
+        self.tokenizer_pool.shutdown(wait=False, cancel_futures=True)
         for name in self.models:
             self.metrics.model_ready.labels(name).set(0)

@@ -76,7 +76,8 @@ class QARequest(_Request):
     inputs: QAInput | list[QAInput] = Field(description="a {question, context} object or a list of them; "
                                                         "long contexts are read in doc-stride windows")
     top_k: int = Field(1, ge=1, le=20, description="answers per question; above 1 each result is a ranked list")
-    max_answer_length: int = Field(30, ge=1, le=512, description="longest answer, in tokens")
+    max_answer_length: int = Field(30, ge=1, le=512, description="longest answer, in tokens; at most the "
+                                                                  "server's max_answer_length_cap (default 64)")
     handle_impossible: bool | None = Field(
         None, description="allow the empty answer (is_impossible); default: whether the model was trained on "
                           "SQuAD v2.0")

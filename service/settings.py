@@ -30,30 +30,57 @@ class ServiceSettings(BaseModel):
     # -- dynamic batching (per model)
     max_batch_size: int = Field(32, ge=1, description="most items (sequences) in one forward pass")
     max_batch_tokens: int = Field(8192, ge=1, description="most padded tokens (items x bucket length) in one pass")
-    max_wait_ms: float = Field(2.0, ge=0, description="how long a batch waits for more items once it has one")
+    max_wait_ms: float = Field(
+        2.0, ge=0, description="how long a batch may wait for more items, only while requests that are being "
+                               "tokenized for this model are known to be coming (never when the queue is idle)")
     length_buckets: list[int] = Field(
         [16, 32, 64, 128, 256, 384, 512],
-        description="sequence lengths a batch is padded to (clipped to each model's max_seq_length)",
+        description="on CUDA: sequence lengths a batch is padded to (clipped to each model's max_seq_length); "
+                    "warm-up shapes everywhere",
     )
+    pad_multiple: int = Field(8, ge=1, description="on the CPU a batch is padded to its longest item, rounded up "
+                                                   "to a multiple of this")
     max_queue_items: int = Field(2048, ge=1, description="items waiting per model; beyond, 429 + Retry-After")
     retry_after_s: int = Field(1, ge=1, description="the least Retry-After (seconds) on 429/503")
 
     # -- request limits
     max_inputs_per_request: int = Field(256, ge=1, description="inputs in one request's list (else 413)")
     max_chars_per_input: int = Field(100_000, ge=1, description="characters of one text/context (else 413)")
+    max_chars_per_request: int = Field(
+        200_000, ge=1, description="characters of all texts of one request, checked before tokenizing (else 413)")
+    max_tokens_per_request: int = Field(
+        32_768, ge=1, description="tokens of all model items (windows) of one request, checked after tokenizing "
+                                  "and before any inference (else 413)")
+    max_items_per_request: int = Field(
+        256, ge=1, description="model items (sequences, NER/QA windows) of one request (else 413)")
+    max_answer_length_cap: int = Field(
+        64, ge=1, description="the largest max_answer_length (tokens) a QA request may ask for (else 422)")
+    max_concurrent_requests: int = Field(
+        256, ge=1, description="/v1 requests in progress at once; beyond, 503 + Retry-After before the body is read")
+    body_read_timeout_s: float = Field(
+        10.0, gt=0, description="a request body not fully received within this time gets 408")
+    max_consecutive_failures: int = Field(
+        5, ge=1, description="failed forward passes in a row after which a model reports not ready (/readyz 503)")
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="request body size (else 413)")
     request_timeout_s: float = Field(30.0, gt=0, description="a request not answered by then gets 504")
     tokenize_in_thread_chars: int = Field(
-        2000, ge=0, description="requests with more characters than this are tokenized off the event loop"
-    )
+        2000, ge=0, description="requests with more characters than this are tokenized in the tokenizer worker "
+                                "thread (GIL released), not on the event loop")
 
     # -- security and logs
-    api_key: SecretStr | None = Field(None, description="when set, /v1 routes need `Authorization: Bearer <key>`")
+    api_key: SecretStr | None = Field(None, description="when set, /v1 routes need `Authorization: Bearer <key>`; "
+                                                      "an empty key is refused at start")
     log_json: bool = Field(False, description="one JSON object per log line")
     log_level: str = Field("info")
+    playground: bool = Field(True, description="serve the playground page at / (false: 404, for locked-down "
+                                               "deployments)")
 
     # -- ONNX Runtime
-    intra_op_threads: int = Field(0, ge=0, description="threads per inference (0: ONNX Runtime's default, all cores)")
+    intra_op_threads: int = Field(
+        0, ge=0, description="threads per forward pass (0: the usable cores, cgroup CPU quota respected); forward "
+                             "passes of all models share max(1, cores // threads) slots")
+    tokenizer_threads: int = Field(1, ge=1, description="threads that tokenize and decode large requests off "
+                                                        "the event loop")
     ort_spinning: bool = Field(
         False, description="let idle ONNX Runtime threads busy-wait (faster only on cores nothing else needs)"
     )
@@ -63,7 +90,10 @@ class ServiceSettings(BaseModel):
     warmup: bool = Field(True, description="run every length bucket once before reporting ready")
 
     # -- shutdown
-    shutdown_timeout_s: float = Field(20.0, ge=0, description="on SIGTERM, how long queued work may take to finish")
+    drain_delay_s: float = Field(
+        0.0, ge=0, description="on SIGTERM: keep serving this long with /readyz 503 so load balancers notice")
+    shutdown_timeout_s: float = Field(
+        20.0, ge=0, description="after the drain delay: how long in-flight work may take; 0: do not wait")
 
     @field_validator("length_buckets")
     @classmethod
@@ -76,6 +106,14 @@ class ServiceSettings(BaseModel):
     @classmethod
     def _empty_is_none(cls, value: Any) -> Any:
         return None if value in ("", [], ()) else value
+
+    @field_validator("api_key")
+    @classmethod
+    def _no_empty_key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value().strip():
+            raise ValueError("BERTH_API_KEY is set but empty: an empty key would let `Authorization: Bearer ` in. "
+                             "Unset BERTH_API_KEY to serve without authentication, or set a non-empty key")
+        return value
 
     @model_validator(mode="after")
     def _budget_fits_a_sequence(self) -> ServiceSettings:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import UTC, datetime
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -31,6 +31,13 @@ TASK_SETTING_NAMES = (
     "version_2_with_negative",
     "null_score_diff_threshold",
 )
+# One example input of these tasks is an object with these text fields (their routes' `inputs`); of every
+# other task, a text. multiple-choice's `choices` is a list of texts.
+EXAMPLE_FIELDS: dict[str, tuple[str, ...]] = {
+    "pair": ("text", "text_pair"),
+    "qa": ("question", "context"),
+    "multiple-choice": ("context", "choices"),
+}
 
 Precision = Literal["fp32", "fp16", "int8"]
 
@@ -79,8 +86,12 @@ class Bundle(BaseModel):
     source: dict[str, Any] = Field(default_factory=dict)
     parity: dict[str, Any] = Field(default_factory=dict)
     optimization: dict[str, Any] = Field(default_factory=dict)
+    # build-defaults' dev-metric floor check: metric, floor, value, below_floor, rounds
+    quality: dict[str, Any] = Field(default_factory=dict)
     # manifest key "model_config" (hidden size, heads, layers, vocab); `model_config` is pydantic's own name
     encoder_config: dict[str, Any] = Field(default_factory=dict, alias="model_config")
+    # example `inputs` of the task's route (the playground offers them); optional
+    examples: list[Any] = Field(default_factory=list)
     berth_version: str = ""
     created_at: str = ""
     path: Path = Field(default=Path("."), exclude=True)
@@ -183,6 +194,7 @@ def load_bundle(folder: str | Path, verify_hashes: bool = True) -> Bundle:
         if name not in bundle.files:
             raise BundleError(f"{manifest_path}: 'files' does not list {name}")
     for name, info in bundle.files.items():
+        check_file_name(name, manifest_path)
         path = folder / name
         if not path.is_file():
             raise BundleError(f"{path}: missing (listed in {MANIFEST_FILE})")
@@ -196,6 +208,15 @@ def load_bundle(folder: str | Path, verify_hashes: bool = True) -> Bundle:
     return bundle
 
 
+def check_file_name(name: str, manifest_path: Path) -> None:
+    """A manifest's file names stay inside the bundle folder: relative, no `..`, no backslash or drive."""
+    parts = PurePosixPath(name).parts
+    if (not name or PurePosixPath(name).is_absolute() or PureWindowsPath(name).drive or "\\" in name
+            or ".." in parts or "\0" in name):
+        raise BundleError(f"{manifest_path}: file name {name!r} is not a plain relative path inside the bundle "
+                          "(absolute paths and '..' are refused)")
+
+
 def _check_consistency(bundle: Bundle, manifest_path: Path) -> None:
     expected_outputs = list(OUTPUT_NAMES[bundle.task])
     if bundle.output_names != expected_outputs:
@@ -205,6 +226,36 @@ def _check_consistency(bundle: Bundle, manifest_path: Path) -> None:
     needs_labels = bundle.task == "ner" or (bundle.task in ("classification", "pair") and bundle.problem_type != "regression")
     if needs_labels and not bundle.labels:
         raise BundleError(f"{manifest_path}: task {bundle.task!r} needs labels (problem_type {bundle.problem_type!r})")
+    try:
+        check_examples(bundle.task, bundle.examples)
+    except BundleError as error:
+        raise BundleError(f"{manifest_path}: {error}") from None
+
+
+def check_examples(task: str, examples: list[Any]) -> None:
+    """Raise BundleError unless every example is one valid `inputs` value of the task's route."""
+    if not isinstance(examples, list):
+        raise BundleError(f"examples must be a list, found {type(examples).__name__}")
+    fields = EXAMPLE_FIELDS.get(task)
+    for index, example in enumerate(examples):
+        where = f"examples[{index}] ({task})"
+        if fields is None:
+            if not _is_text(example):
+                raise BundleError(f"{where}: expected a non-empty text, found {example!r:.80}")
+            continue
+        if not isinstance(example, dict) or set(example) != set(fields):
+            raise BundleError(f"{where}: expected an object with exactly the fields {', '.join(fields)}")
+        for name in fields:
+            value = example[name]
+            if name == "choices":
+                if not (isinstance(value, list) and len(value) >= 2 and all(map(_is_text, value))):
+                    raise BundleError(f"{where}: choices must be a list of 2 or more non-empty texts")
+            elif not _is_text(value):
+                raise BundleError(f"{where}: {name} must be a non-empty text")
+
+
+def _is_text(value: Any) -> bool:
+    return isinstance(value, str) and bool(value.strip())
 
 
 def find_bundles(repository: str | Path) -> list[Path]:

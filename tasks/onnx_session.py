@@ -73,14 +73,15 @@ def session_options(intra_op_threads: int = 0, graph_optimization: str = "all", 
 
 
 def create_session(
-    model_path: str | Path,
+    model_path: str | Path | bytes,
     precision: str = "fp32",
     intra_op_threads: int = 0,
     prefer_gpu: bool = True,
     graph_optimization: str = "all",
     allow_spinning: bool = True,
 ) -> tuple[Any, str]:
-    """An `onnxruntime.InferenceSession` for `model_path` and the name of the provider it runs on."""
+    """An `onnxruntime.InferenceSession` for `model_path` (or the model's bytes) and the name of the provider
+    it runs on."""
     import onnxruntime
 
     provider = choose_provider(precision, prefer_gpu)
@@ -89,7 +90,7 @@ def create_session(
     cuda_options = {"use_tf32": "0"} if precision == "fp32" else {}
     providers = [provider] if provider == CPU else [(provider, cuda_options), CPU]
     session = onnxruntime.InferenceSession(
-        str(model_path), sess_options=session_options(intra_op_threads, graph_optimization, allow_spinning),
+        model_path if isinstance(model_path, bytes) else str(model_path), sess_options=session_options(intra_op_threads, graph_optimization, allow_spinning),
         providers=providers,
     )
     return session, session.get_providers()[0]

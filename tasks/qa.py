@@ -371,32 +371,27 @@ def _best_spans(
 ) -> tuple[list[tuple[int, int]], list[float]]:
     """The n_best_size best distinct character spans and their scores, best first.
 
-    Every (start i, length k + 1) pair of every window is scored at once in a (W, T, L) band, so the
-    result is exact (google's run_squad pairs only the top-n starts with the top-n ends).
+    Exact (google's run_squad pairs only the top-n starts with the top-n ends): every (start i, length
+    k + 1) pair of a window is scored in one (T, L) band, L = min(max_answer_length, T), one window at
+    a time, keeping a running top n_best_size. Memory is one window's band, never windows x T x L.
     """
     n_windows, width = start.shape
-    length = max_answer_length
-    padded_end = np.concatenate([end, np.full((n_windows, length - 1), -np.inf)], axis=1)
-    band = sliding_window_view(padded_end, length, axis=1)[:, :width]  # (W, T, L): end[w, i + k]
-    scores = start[:, :, None] + band  # (W, T, L); -inf unless both ends are context tokens
-    flat = scores.ravel()
-    # A span recurs in at most W windows, so W * n_best_size entries hold n_best_size distinct spans.
-    m = min(n_best_size * n_windows, int(np.count_nonzero(np.isfinite(flat))))
-    if m == 0:
-        return [], []
-    top = np.argpartition(flat, len(flat) - m)[len(flat) - m :]
-    top = top[np.lexsort((top, -flat[top]))]  # best first, ties by position
-    w, i, k = np.unravel_index(top, scores.shape)
-    span_starts = offsets[w, i, 0].tolist()
-    span_ends = offsets[w, i + k, 1].tolist()
-    spans: list[tuple[int, int]] = []
-    span_scores: list[float] = []
-    seen: set[tuple[int, int]] = set()
-    for s, e, score in zip(span_starts, span_ends, flat[top].tolist()):
-        if (s, e) not in seen:
-            seen.add((s, e))
-            spans.append((s, e))
-            span_scores.append(score)
-            if len(spans) == n_best_size:
-                break
-    return spans, span_scores
+    length = max(1, min(max_answer_length, width))
+    best: dict[tuple[int, int], float] = {}  # the running top: span -> its best score
+    for w in range(n_windows):
+        padded_end = np.concatenate([end[w], np.full(length - 1, -np.inf)])
+        band = sliding_window_view(padded_end, length)[:width]  # (T, L): end[w, i + k]
+        scores = start[w, :, None] + band  # (T, L); -inf unless both ends are context tokens
+        flat = scores.ravel()
+        m = min(n_best_size, int(np.count_nonzero(np.isfinite(flat))))
+        if m == 0:
+            continue
+        top = np.argpartition(flat, len(flat) - m)[len(flat) - m :]
+        i, k = np.unravel_index(top, scores.shape)
+        for s, e, score in zip(offsets[w, i, 0].tolist(), offsets[w, i + k, 1].tolist(), flat[top].tolist()):
+            if score > best.get((s, e), -np.inf):
+                best[(s, e)] = score
+        if len(best) > n_best_size:
+            best = dict(sorted(best.items(), key=lambda kv: (-kv[1], kv[0]))[:n_best_size])
+    ranked = sorted(best.items(), key=lambda kv: (-kv[1], kv[0]))[:n_best_size]
+    return [span for span, _ in ranked], [score for _, score in ranked]

@@ -46,6 +46,7 @@ class TaskSpec(BaseModel):
     max_query_length: int = 64  # qa
     version_2_with_negative: bool = False  # qa: trained with unanswerable questions (SQuAD v2)
     null_score_diff_threshold: float = 0.0  # qa v2: best threshold found on dev
+    pooling: str | None = None  # classification/pair: "cls" or "mean"; computed inside the ONNX graph
     dev_metrics: dict[str, float] = Field(default_factory=dict)
     extra: dict[str, Any] = Field(default_factory=dict, description="task-specific settings, e.g. embedding "
                                                                      "pooling and normalize")

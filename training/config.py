@@ -39,6 +39,9 @@ class BertConfig:
     id2label: dict[int, str] | None = None
     problem_type: str | None = None  # regression | single_label_classification | multi_label_classification
     classifier_dropout: float | None = None  # None: use hidden_dropout_prob
+    # Sequence / pair heads: "cls" reads the tanh pooler over [CLS] (BERT's recipe), "mean" averages
+    # the last hidden states over real tokens (how sentence-transformers bases were trained). None: cls.
+    classifier_pooling: str | None = None
     # Any other config.json keys, kept so that a round trip loses nothing.
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -47,6 +50,8 @@ class BertConfig:
             raise ValueError(
                 f"hidden_size={self.hidden_size} is not a multiple of num_attention_heads={self.num_attention_heads}"
             )
+        if self.classifier_pooling not in (None, "cls", "mean"):
+            raise ValueError(f"classifier_pooling must be 'cls' or 'mean', not {self.classifier_pooling!r}")
         if self.id2label is not None:
             self.id2label = {int(k): str(v) for k, v in self.id2label.items()}
             self.num_labels = len(self.id2label)
@@ -85,7 +90,7 @@ class BertConfig:
         # Written explicitly: transformers 5 omits the default two labels otherwise.
         data["id2label"] = {str(i): name for i, name in enumerate(labels)}
         data["label2id"] = {name: i for i, name in enumerate(labels)}
-        for key in ("problem_type", "classifier_dropout"):
+        for key in ("problem_type", "classifier_dropout", "classifier_pooling"):
             if data[key] is None:
                 del data[key]
         data["model_type"] = "bert"

@@ -51,7 +51,8 @@ _INITIALISM = re.compile(r"^(?:[A-Za-z]\.)*[A-Za-z]$")  # U.S (of "U.S."), e.g, 
 
 @dataclass(frozen=True)
 class Document:
-    """A run of sentences in reading order; `source` says where it came from (path, #piece)."""
+    """A run of sentences in reading order; `source` says where it came from: "path#i" for the i-th
+    piece of a text file, "path@i" for the i-th document of a bert-format file."""
 
     sentences: list[str]
     source: str
@@ -169,7 +170,7 @@ def _bert_format_documents(text: str, source: str) -> list[Document]:
         if line:
             sentences.append(line)
         elif sentences:
-            documents.append(Document(sentences, f"{source}#{len(documents)}"))
+            documents.append(Document(sentences, f"{source}@{len(documents)}"))  # a document, not a piece
             sentences = []
     return documents
 

@@ -40,6 +40,9 @@ class FinetuneSettings(BaseModel):
     doc_stride: int | None = Field(None, description="qa: context tokens shared by windows (default 128); "
                                    "ner: window overlap when serving long texts (default max_seq_length // 4)")
     max_query_length: int = 64
+    label_all_tokens: bool = Field(True, description="ner: train every sub-token (B-X continued as I-X), not only "
+                                   "a word's first, so token-level entity grouping (the service's `simple`) is "
+                                   "trained too; dev scores use each word's first sub-token either way")
     version_2_with_negative: bool | None = Field(None, description="qa: default from the data")
     epochs: float = 3.0
     learning_rate: float = 5e-5
@@ -49,8 +52,14 @@ class FinetuneSettings(BaseModel):
     weight_decay: float = 0.01
     max_train_examples: int | None = None
     max_eval_examples: int | None = None
-    max_minutes: float | None = None
+    max_minutes: float | None = Field(None, description="training-time budget in minutes")
+    fit_to_budget: bool = Field(True, description="with max_minutes: shorten the schedule to end at the budget "
+                                "(warmup and decay kept whole) instead of cutting it off mid-way")
     seed: int = 42
+    pooling: Literal["auto", "cls", "mean"] = Field(
+        "auto", description="classification/pair heads: cls (tanh pooler over [CLS]) or mean (average of the "
+        "token states); auto: what the base was trained with (see default_pooling)")
+    group_by_length: bool = Field(True, description="batches of similar lengths: less padding, same examples")
     threads: int | None = None
     device: str = "auto"
 
@@ -71,6 +80,33 @@ def resolve_base(base: str) -> Path:
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path}: not a BERT checkpoint folder (no config.json)")
     return path
+
+
+def run_provenance() -> dict:
+    """The git revision, library versions and machine a run record was made with."""
+    import os
+    import platform
+
+    from training.provenance import git_revision, library_versions
+
+    return {"git_revision": git_revision(), "libraries": library_versions(), "python": platform.python_version(),
+            "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+            "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+
+
+def default_pooling(base: Path) -> str:
+    """The pooling the base was trained with: a sentence-transformers folder (1_Pooling/config.json)
+    says mean or cls; a plain BERT checkpoint has a pretrained [CLS] pooler (NSP), so cls.
+
+    Measured on all-MiniLM-L6-v2 (docs/RESULTS.md, "Pooling"): its tanh pooler was never trained
+    for its sentence objective, and mean pooling fine-tunes better.
+    """
+    config = base / "1_Pooling" / "config.json"
+    if config.is_file():
+        modes = json.loads(config.read_text(encoding="utf-8"))
+        if modes.get("pooling_mode_mean_tokens") or modes.get("pooling_mode") == "mean":  # old and new key
+            return "mean"
+    return "cls"
 
 
 def run_finetune(settings: FinetuneSettings) -> dict[str, float]:
@@ -101,6 +137,10 @@ def run_finetune(settings: FinetuneSettings) -> dict[str, float]:
         overrides["id2label"] = dict(enumerate(spec.labels)) if spec.labels else None
         if spec.problem_type == "regression":
             overrides = {"num_labels": 1, "problem_type": "regression"}
+    if spec.task in ("classification", "pair"):
+        pooling = default_pooling(base) if settings.pooling == "auto" else settings.pooling
+        overrides["classifier_pooling"] = pooling
+        spec = spec.model_copy(update={"pooling": pooling})
     model, report = load_pretrained(head, base, **{k: v for k, v in overrides.items() if v is not None})
     log.info("loaded %s from %s: %s", spec.head_class, base, report)
 
@@ -111,6 +151,7 @@ def run_finetune(settings: FinetuneSettings) -> dict[str, float]:
         seed=settings.seed,
         epochs=settings.epochs,
         max_minutes=settings.max_minutes,
+        fit_schedule_to_budget=settings.fit_to_budget,
         batch_size=settings.batch_size,
         grad_accum_steps=settings.grad_accum_steps,
         learning_rate=settings.learning_rate,
@@ -118,6 +159,7 @@ def run_finetune(settings: FinetuneSettings) -> dict[str, float]:
         weight_decay=settings.weight_decay,
         device=settings.device,
         num_threads=settings.threads,
+        group_by_length=settings.group_by_length,
     )
     started = time.time()
     result = train(model, dataset, getattr(adapter, "collate", task_data.collate), train_settings)
@@ -145,6 +187,16 @@ def run_finetune(settings: FinetuneSettings) -> dict[str, float]:
         "eval_minutes": round(eval_minutes, 2),
         "train_result": getattr(result, "__dict__", str(result)),
         "dev_metrics": metrics,
+        "pooling": spec.pooling,  # the resolved choice (settings.pooling may say "auto")
+        "provenance": run_provenance(),
+        "speed": {  # over the training time, all ranks
+            "threads": result.threads,
+            "examples_per_s": result.examples_per_s,
+            "real_tokens_per_s": result.tokens_per_s,
+            "padded_over_real_tokens": result.padded_tokens / max(result.real_tokens, 1),
+        },
+        "schedule": {"planned_steps": result.planned_steps, "steps": result.steps,
+                     "fitted_to_budget": result.fitted_to_budget, "stopped_by": result.stopped_by},
     }
     (out / "finetune_run.json").write_text(json.dumps(run, indent=2, default=str) + "\n", encoding="utf-8")
     return metrics

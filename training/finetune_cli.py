@@ -46,6 +46,10 @@ def _add_settings_args(p: argparse.ArgumentParser) -> None:
     m.add_argument("--base", default="default",
                    help="base checkpoint: a Hugging Face BERT folder, a `berth pretrain` output, or "
                         "'default' (the embedded all-MiniLM-L6-v2, L6/H384) (default: %(default)s)")
+    m.add_argument("--pooling", choices=["auto", "cls", "mean"], default="auto",
+                   help="classification/pair: cls (the tanh pooler over [CLS], BERT's recipe) or mean (average of "
+                        "the token states); auto: mean for a sentence-transformers base trained with it (the "
+                        "default all-MiniLM-L6-v2), else cls (default: %(default)s)")
     m.add_argument("--max-seq-length", type=int, help="tokens per sequence (default: 384 for qa, 128 otherwise)")
     m.add_argument("--doc-stride", type=int,
                    help="qa: context tokens shared by consecutive windows (default 128); ner: overlap of the "
@@ -59,8 +63,14 @@ def _add_settings_args(p: argparse.ArgumentParser) -> None:
     t.add_argument("--batch-size", type=int, default=32)
     t.add_argument("--grad-accum", dest="grad_accum_steps", type=int, default=1)
     t.add_argument("--warmup-ratio", type=float, default=0.1)
-    t.add_argument("--max-minutes", type=float, help="stop training after this many minutes (a budget)")
+    t.add_argument("--max-minutes", type=float,
+                   help="training-time budget: the step speed is measured and the schedule (epochs, warmup, "
+                        "decay) shortened to end at it; data preparation and evaluation are not counted")
+    t.add_argument("--cut-at-budget", dest="fit_to_budget", action="store_false", default=None,
+                   help="with --max-minutes: keep the planned schedule and stop wherever the budget ends")
     t.add_argument("--seed", type=int, default=42)
+    t.add_argument("--no-group-by-length", dest="group_by_length", action="store_false", default=None,
+                   help="draw batches in plain random order (default: batches of similar lengths, less padding)")
     t.add_argument("--threads", type=int, help="CPU threads for torch")
     t.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:1 …")
 

@@ -353,19 +353,32 @@ def _problem_type(config: BertConfig, labels: Tensor) -> str:
     return "multi_label_classification"
 
 
+def mean_pool(hidden: Tensor, attention_mask: Tensor) -> Tensor:
+    """The average of the hidden states over real tokens, as sentence-transformers' mean pooling."""
+    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
+    return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)  # (B, H)
+
+
 class BertForSequenceClassification(BertPreTrainedModel):
-    """A label (or a score, with num_labels == 1) for a text or a sentence pair, from the pooled [CLS]."""
+    """A label (or a score, with num_labels == 1) for a text or a sentence pair.
+
+    It reads the tanh pooler over [CLS] (config.classifier_pooling "cls", BERT's recipe) or the mean of
+    the last hidden states over real tokens ("mean"; the model then has no pooler weights).
+    """
 
     def __init__(self, config: BertConfig):
         super().__init__()
         self.config = config
-        self.bert = BertModel(config)
+        self.pooling = config.classifier_pooling or "cls"
+        self.bert = BertModel(config, add_pooling_layer=self.pooling == "cls")
         self.dropout = _dropout(config)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.init_weights()
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
-        _, pooled = self._encode(input_ids, attention_mask, token_type_ids)
+        hidden, pooled = self._encode(input_ids, attention_mask, token_type_ids)
+        if self.pooling == "mean":
+            pooled = mean_pool(hidden, attention_mask if attention_mask is not None else torch.ones_like(input_ids))
         logits = self.classifier(self.dropout(pooled))  # (B, C)
         out = {"logits": logits}
         if labels is not None:

@@ -64,7 +64,13 @@ class PretrainSettings(BaseModel):
     short_seq_prob: float = 0.1
     dupe_factor: int = 1
     masked_lm_prob: float = 0.15
-    max_predictions_per_seq: int = 20
+    max_predictions_per_seq: int | None = Field(
+        None, description="masked positions per sequence at most; None: 20 per 128 tokens (Google's 20 at 128, "
+        "80 at 512); a value below masked_lm_prob x max_seq_length is kept but warned about")
+    # The paper's two-phase schedule: after the steps at max_seq_length, this share of extra steps at
+    # phase2_seq_length, so that the position embeddings past max_seq_length get trained.
+    phase2_seq_length: int | None = Field(None, description="e.g. 512; None: one phase")
+    phase2_fraction: float = Field(0.1, gt=0, lt=1, description="share of all steps in phase 2 (the paper: 10%)")
     whole_word_mask: bool = False
     # Training.
     batch_size: int = 32
@@ -93,13 +99,26 @@ class PretrainSettings(BaseModel):
     def _check(self) -> PretrainSettings:
         if self.preset not in PRESETS:
             raise ValueError(f"unknown preset {self.preset!r}; choose from {', '.join(PRESETS)}")
+        if self.phase2_seq_length is not None:
+            if self.max_steps is None:
+                raise ValueError("the two-phase schedule (phase2_seq_length) needs max_steps: the steps of both phases")
+            if self.phase2_seq_length <= self.max_seq_length:
+                raise ValueError("phase2_seq_length must be longer than max_seq_length")
         if self.epochs is None and self.max_steps is None:
             self.epochs = 1.0
         return self
 
+    def phase_steps(self) -> tuple[int, int]:
+        """(steps at max_seq_length, steps at phase2_seq_length): the paper's 90% / 10% by default."""
+        if self.phase2_seq_length is None or self.max_steps is None:
+            return self.max_steps or 0, 0
+        second = max(1, round(self.max_steps * self.phase2_fraction))
+        return self.max_steps - second, second
+
     def bert_config(self, vocab_size: int) -> BertConfig:
         """The preset with any explicit L / H / A / intermediate size; A defaults to H / 64."""
-        overrides: dict[str, Any] = {"vocab_size": vocab_size, "max_position_embeddings": max(512, self.max_seq_length)}
+        longest = max(512, self.max_seq_length, self.phase2_seq_length or 0)
+        overrides: dict[str, Any] = {"vocab_size": vocab_size, "max_position_embeddings": longest}
         if self.num_layers:
             overrides["num_hidden_layers"] = self.num_layers
         if self.hidden_size:
@@ -112,9 +131,25 @@ class PretrainSettings(BaseModel):
             overrides["intermediate_size"] = self.intermediate_size
         return BertConfig.preset(self.preset, **overrides)
 
-    def masking(self) -> MaskingSettings:
-        return MaskingSettings(masked_lm_prob=self.masked_lm_prob, max_predictions_per_seq=self.max_predictions_per_seq,
+    def masking(self, seq_length: int | None = None) -> MaskingSettings:
+        return MaskingSettings(masked_lm_prob=self.masked_lm_prob,
+                               max_predictions_per_seq=self.predictions_per_seq(seq_length or self.max_seq_length),
                                whole_word=self.whole_word_mask)
+
+    def predictions_per_seq(self, seq_length: int) -> int:
+        """The cap on masked positions for `seq_length`-token sequences: explicit, or 20 per 128 tokens.
+
+        An explicit cap below masked_lm_prob x seq_length masks fewer than the intended share of a full
+        sequence (e.g. 20 at 512 tokens: 4% instead of 15%): kept, with a warning.
+        """
+        if self.max_predictions_per_seq is None:
+            return max(1, math.ceil(20 * seq_length / 128))
+        wanted = round(self.masked_lm_prob * seq_length)
+        if self.max_predictions_per_seq < wanted:
+            log.warning("max_predictions_per_seq=%d masks at most %.1f%% of a %d-token sequence (masked_lm_prob "
+                        "%.2f wants %d); leave it unset to scale it with the length", self.max_predictions_per_seq,
+                        100 * self.max_predictions_per_seq / seq_length, seq_length, self.masked_lm_prob, wanted)
+        return self.max_predictions_per_seq
 
 
 # --- data ---------------------------------------------------------------------------------------------
@@ -147,13 +182,13 @@ def prepare_tokenizer(settings: PretrainSettings) -> Tokenizer:
 
 def build_instances(
     settings: PretrainSettings, tokenizer: Tokenizer, heldout_fraction: float | None = None,
-    corpus: list[Path] | None = None,
+    corpus: list[Path] | None = None, seq_length: int | None = None,
 ) -> tuple[PretrainingInstances, PretrainingInstances | None]:
     """(train, held-out) instances of the corpus, cached as .npz under `out/cache`."""
     fraction = settings.heldout_fraction if heldout_fraction is None else heldout_fraction
     return build_pretraining_instances(
         corpus if corpus is not None else settings.corpus, tokenizer, format=settings.corpus_format,
-        max_document_chars=settings.max_document_chars, max_seq_length=settings.max_seq_length,
+        max_document_chars=settings.max_document_chars, max_seq_length=seq_length or settings.max_seq_length,
         short_seq_prob=settings.short_seq_prob, nsp=settings.nsp, dupe_factor=settings.dupe_factor,
         heldout_fraction=fraction, seed=settings.seed, cache_dir=Path(settings.out) / "cache",
     )
@@ -328,8 +363,9 @@ def run_pretrain(settings: PretrainSettings) -> dict[str, Any]:
             # The curves only, named as the training metrics so that `berth plot` draws them together.
             return {k: v for k, v in metrics.items() if k in CURVES}
 
+        phase1_steps, phase2_steps = settings.phase_steps()
         train_settings = TrainSettings(
-            output_dir=out, seed=settings.seed, epochs=settings.epochs, max_steps=settings.max_steps,
+            output_dir=out, seed=settings.seed, epochs=settings.epochs, max_steps=phase1_steps or settings.max_steps,
             max_minutes=settings.max_minutes, batch_size=settings.batch_size,
             grad_accum_steps=settings.grad_accum_steps, learning_rate=settings.learning_rate,
             warmup_ratio=settings.warmup_ratio, warmup_steps=settings.warmup_steps,
@@ -340,6 +376,9 @@ def run_pretrain(settings: PretrainSettings) -> dict[str, Any]:
         )
         collate_fn = collate if settings.nsp else collate_without_nsp
         result = train(model, dataset, collate_fn, train_settings, evaluate=evaluate if heldout is not None else None)
+        phase2 = None
+        if phase2_steps:
+            phase2 = _train_phase2(settings, model, tokenizer, vocab, collate_fn, train_settings, phase2_steps, ctx)
         if not ctx.is_main:
             return {}
         final: dict[str, float] = {}
@@ -363,6 +402,7 @@ def run_pretrain(settings: PretrainSettings) -> dict[str, Any]:
             "model_config": model.config.to_dict(),
             "parameters": params,
             "train_result": result.to_dict(),
+            "phase2": phase2,
             "heldout_eval": final,
             "versions": {"python": platform.python_version(), "torch": torch.__version__},
         }
@@ -370,6 +410,31 @@ def run_pretrain(settings: PretrainSettings) -> dict[str, Any]:
         return record
     finally:
         teardown_distributed(ctx)
+
+
+def _train_phase2(settings: PretrainSettings, model, tokenizer: Tokenizer, vocab: MaskingVocab, collate_fn,
+                  phase1: Any, steps: int, ctx) -> dict[str, Any]:
+    """The paper's second phase: `steps` more steps on phase2_seq_length-token instances, from the phase-1
+    weights, with its own warmup and decay (as google-research/bert's second run_pretraining invocation),
+    so that the position embeddings past max_seq_length are trained. Its state lives in out/phase2."""
+    from training.distributed import barrier
+    from training.trainer import train
+
+    length = settings.phase2_seq_length
+    if ctx.is_main:
+        instances, _ = build_instances(settings, tokenizer, seq_length=length)
+    barrier(ctx)
+    if not ctx.is_main:
+        instances, _ = build_instances(settings, tokenizer, seq_length=length)
+    masking = settings.masking(length)
+    dataset = PretrainingDataset(instances, vocab, max_seq_length=length, masking=masking, seed=settings.seed + 1)
+    phase_settings = phase1.model_copy(update={"output_dir": Path(settings.out) / "phase2", "max_steps": steps,
+                                               "epochs": None, "eval_every_steps": None})
+    log.info("phase 2: %d steps at %d tokens (max %d predictions per sequence)", steps, length,
+             masking.max_predictions_per_seq)
+    result = train(model, dataset, collate_fn, phase_settings)
+    return {"seq_length": length, "steps": steps, "instances": len(instances),
+            "max_predictions_per_seq": masking.max_predictions_per_seq, "train_result": result.to_dict()}
 
 
 def _with_token_name(metrics: dict[str, Any], tokenizer: Tokenizer) -> dict[str, Any]:

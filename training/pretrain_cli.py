@@ -80,7 +80,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "BertForMaskedLM checkpoint (the paper's ablation)")
     o.add_argument("--max-seq-length", type=int, default=128, help="tokens per instance (default: %(default)s)")
     o.add_argument("--masked-lm-prob", type=float, default=0.15, help="(default: %(default)s)")
-    o.add_argument("--max-predictions-per-seq", type=int, default=20, help="(default: %(default)s)")
+    o.add_argument("--phase2-seq-length", type=int,
+                   help="the paper's two-phase schedule: after the steps at --max-seq-length, --phase2-fraction of "
+                        "--max-steps at this length (e.g. 512), so that later positions are trained too")
+    o.add_argument("--phase2-fraction", type=float, default=0.1, help="share of --max-steps in phase 2 (default: %(default)s)")
+    o.add_argument("--max-predictions-per-seq", type=int,
+                   help="cap on masked positions per sequence (default: 20 per 128 tokens, as Google's 20 at 128 "
+                        "and 80 at 512)")
     o.add_argument("--whole-word-mask", action="store_true", help="mask whole words, not single WordPiece tokens")
     o.add_argument("--dupe-factor", type=int, default=1, help="passes over the corpus when building instances")
 

@@ -56,7 +56,7 @@ __all__ = [
     "tokenize_documents",
 ]
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # bumped: NotNext segments now come from another file
 
 
 def _cache_key(files: list[Path], tokenizer: Tokenizer, settings: dict) -> str:

@@ -48,10 +48,20 @@ class TokenizedCorpus:
     token_ids: np.ndarray  # (N,) int32
     sentence_offsets: np.ndarray  # (S + 1,) int64, into token_ids
     document_offsets: np.ndarray  # (D + 1,) int64, into sentences
+    # (D,) int64: the file each document was cut from (documents of a file are consecutive); None: one each.
+    document_sources: np.ndarray | None = None
 
     @property
     def num_documents(self) -> int:
         return len(self.document_offsets) - 1
+
+    def source_range(self, doc: int) -> tuple[int, int]:
+        """[first, end) of the documents cut from the same file as `doc`."""
+        if self.document_sources is None:
+            return doc, doc + 1
+        source = self.document_sources[doc]
+        first = int(np.searchsorted(self.document_sources, source, side="left"))
+        return first, int(np.searchsorted(self.document_sources, source, side="right"))
 
 
 def tokenize_documents(
@@ -77,11 +87,18 @@ def tokenize_documents(
     kept = lengths > 0
     kept_per_document = np.bincount(document_of_sentence[kept], minlength=len(documents))
     kept_per_document = kept_per_document[kept_per_document > 0]
+    kept_documents = np.bincount(document_of_sentence[kept], minlength=len(documents)) > 0
+    # The file a document came from: its source up to "#<piece>". Numbered in order of first appearance,
+    # so the numbers never decrease along the corpus when each file's documents are consecutive.
+    files: dict[str, int] = {}
+    sources = np.array([files.setdefault(d.source.split("#")[0], len(files)) for d in documents], dtype=np.int64)
+    sources = sources[kept_documents]
     token_ids = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
     return TokenizedCorpus(
         token_ids=token_ids,
         sentence_offsets=np.r_[0, np.cumsum(lengths[kept])].astype(np.int64),
         document_offsets=np.r_[0, np.cumsum(kept_per_document)].astype(np.int64),
+        document_sources=sources if len(sources) and np.all(np.diff(sources) >= 0) else None,
     )
 
 
@@ -178,6 +195,17 @@ class _InstanceWriter:
         )
 
 
+def _random_other_document(corpus: TokenizedCorpus, doc: int, rng: np.random.Generator) -> int:
+    """A uniformly random document of another file (google-research/bert: another document; here a
+    document is a ~20,000-character piece of a file, and a piece of the same book is not a random text).
+    When every document comes from one file, any other document."""
+    first, end = corpus.source_range(doc)
+    if end - first >= corpus.num_documents:
+        first, end = doc, doc + 1
+    other = int(rng.integers(0, corpus.num_documents - (end - first)))
+    return other + (end - first) if other >= first else other
+
+
 def _pairs_from_document(
     corpus: TokenizedCorpus,
     doc: int,
@@ -206,8 +234,7 @@ def _pairs_from_document(
             a_end = int(rng.integers(1, n_chunk)) if n_chunk >= 2 else 1  # sentences in A
             a = (int(sent[chunk_start]), int(sent[chunk_start + a_end]))
             if n_chunk == 1 or not_next:
-                other = int(rng.integers(0, corpus.num_documents - 1))
-                other += other >= doc  # uniform over the other documents
+                other = _random_other_document(corpus, doc, rng)
                 o_first, o_end = int(docs[other]), int(docs[other + 1])
                 b_first = int(rng.integers(o_first, o_end))
                 need = target - (a[1] - a[0])  # B takes sentences until it reaches this (at least one)

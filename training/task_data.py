@@ -156,7 +156,7 @@ class NERAdapter:
         for ex in examples:
             words = ner.encode_words(self.tokenizer, ex.tokens, max_length=spec.max_seq_length)
             tags = [t if t in label_set else "O" for t in ex.tags]  # a dev-only type cannot be learned
-            labels = ner.align_labels(words, tags, labels=label_set)
+            labels = ner.align_labels(words, tags, label_all_tokens=self.settings.label_all_tokens, labels=label_set)
             out.append(Feature(words.encoded.input_ids, words.encoded.token_type_ids, {"labels": labels}))
         return out
 

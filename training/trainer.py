@@ -10,7 +10,9 @@ when launched by torchrun, a tqdm bar and a JSON-lines metrics log, and checkpoi
 after a kill exact: same seed, same per-step losses, same final weights as an uninterrupted run.
 
 How exact resume works. Every epoch's data order is a permutation drawn from a generator seeded by
-(seed, epoch), dealt to ranks like DistributedSampler, and cut into micro-batches. A checkpoint
+(seed, epoch) (with group_by_length: grouped so that micro-batches hold similar lengths, still a
+function of (seed, epoch) and the lengths), dealt to ranks like DistributedSampler, and cut into
+micro-batches. A checkpoint
 records the epoch and how many micro-batches of it were consumed, plus every random state (python,
 numpy, torch, CUDA; per rank). Resuming rebuilds the epoch's batches and starts after the consumed
 ones, without loading them. DataLoaders get their own seeded generator so that creating one does not
@@ -34,7 +36,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -53,6 +55,7 @@ from training.distributed import (
     shard,
     teardown_distributed,
 )
+from training.threads import default_threads
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +77,8 @@ class TrainSettings(BaseModel):
     epochs: float | None = Field(None, gt=0, description="may be fractional; 1 when neither this nor max_steps is set")
     max_steps: int | None = Field(None, gt=0, description="optimizer steps; with epochs, the smaller wins")
     max_minutes: float | None = Field(None, gt=0, description="training-time budget, counted across resumes")
+    fit_schedule_to_budget: bool = Field(False, description="with max_minutes: measure the step speed and shorten "
+                                         "the plan so that warmup + decay end at the budget (else: cut mid-schedule)")
     batch_size: int = Field(32, gt=0, description="examples per micro-batch per device")
     grad_accum_steps: int = Field(1, gt=0)
     learning_rate: float = Field(5e-5, gt=0)
@@ -93,7 +98,11 @@ class TrainSettings(BaseModel):
     device: str = "auto"
     resume: str = Field("auto", description='"auto" (latest checkpoint in output_dir, if any), "never", or a checkpoint folder')
     progress_bar: bool = Field(True, description="shown on rank 0 when stderr is a terminal")
-    num_threads: int | None = Field(None, gt=0, description="torch.set_num_threads; None leaves it alone")
+    num_threads: int | None = Field(None, gt=0, description="torch intra-op threads; None: every usable core "
+                                    "(affinity and cgroup quota, shared by torchrun's local ranks)")
+    group_by_length: bool = Field(False, description="micro-batches of similar lengths (less padding); the "
+                                  "dataset gives lengths via lengths() or len(item)")
+    length_group_batches: int = Field(50, gt=0, description="group_by_length: batches per sorted chunk")
     ddp_find_unused_parameters: bool = False
 
     @model_validator(mode="after")
@@ -113,8 +122,13 @@ class TrainResult:
     examples_per_s: float
     last_checkpoint: Path | None
     stopped_by: str  # "steps" (planned length reached) or "max_minutes"
+    planned_steps: int = 0  # from epochs / max_steps, before a budget fit
+    fitted_to_budget: bool = False  # the plan was shortened to end (warmup + decay whole) at max_minutes
     world_size: int = 1
     effective_batch_size: int = 0
+    threads: int = 0  # torch intra-op threads per process
+    real_tokens: int = 0  # over this invocation, all ranks: attention-mask ones
+    padded_tokens: int = 0  # the same batches' full width (what the model computed on)
     metrics_path: Path | None = None
     final_eval: dict[str, float] = field(default_factory=dict)
 
@@ -209,10 +223,50 @@ def epoch_permutation(examples: int, seed: int, epoch: int) -> list[int]:
     return torch.randperm(examples, generator=generator).tolist()
 
 
-def epoch_batches(examples: int, settings: TrainSettings, epoch: int, rank: int = 0, world_size: int = 1) -> list[list[int]]:
-    """This rank's micro-batches (lists of dataset indices) of `epoch`, in order."""
-    mine = shard(epoch_permutation(examples, settings.seed, epoch), rank, world_size)
+def length_grouped_permutation(lengths: Sequence[int], seed: int, epoch: int, group: int, chunk_groups: int) -> list[int]:
+    """An epoch order whose consecutive runs of `group` indices have similar lengths (transformers' group_by_length).
+
+    Shuffle, sort by length (longest first) inside chunks of `chunk_groups` groups, cut into groups,
+    shuffle the groups. A partial group (the tail of the last chunk) stays last so every other group
+    stays aligned to `group` boundaries. A function of (seed, epoch) and the lengths only, so resume
+    rebuilds it exactly. `group` is the micro-batch size times the world size: `shard` deals each
+    group round-robin, so every rank's micro-batch comes from one group.
+    """
+    generator = torch.Generator().manual_seed(_derive_seed(seed, epoch, 2))
+    order = torch.randperm(len(lengths), generator=generator).tolist()
+    chunk = group * chunk_groups
+    ordered: list[int] = []
+    for start in range(0, len(order), chunk):
+        ordered += sorted(order[start : start + chunk], key=lambda i: -lengths[i])  # stable: ties keep the shuffle
+    groups = [ordered[i : i + group] for i in range(0, len(ordered), group)]
+    tail = [groups.pop()] if len(groups[-1]) < group else []
+    shuffled = [groups[i] for i in torch.randperm(len(groups), generator=generator).tolist()]
+    return [i for g in shuffled + tail for i in g]
+
+
+def epoch_batches(examples: int, settings: TrainSettings, epoch: int, rank: int = 0, world_size: int = 1,
+                  lengths: Sequence[int] | None = None) -> list[list[int]]:
+    """This rank's micro-batches (lists of dataset indices) of `epoch`, in order.
+
+    With `settings.group_by_length`, `lengths` (one per example) is required.
+    """
+    if settings.group_by_length:
+        if lengths is None or len(lengths) != examples:
+            raise ValueError("group_by_length needs one length per example")
+        order = length_grouped_permutation(lengths, settings.seed, epoch, settings.batch_size * world_size,
+                                           settings.length_group_batches)
+    else:
+        order = epoch_permutation(examples, settings.seed, epoch)
+    mine = shard(order, rank, world_size)
     return [mine[i : i + settings.batch_size] for i in range(0, len(mine), settings.batch_size)]
+
+
+def dataset_lengths(dataset: Any) -> list[int]:
+    """One length per item: the dataset's own `lengths` (a method or an array) when it has one, else len(item)."""
+    own = getattr(dataset, "lengths", None)
+    if own is not None:
+        return [int(n) for n in (own() if callable(own) else own)]
+    return [len(dataset[i]) for i in range(len(dataset))]
 
 
 def _derive_seed(*parts: int) -> int:
@@ -358,6 +412,7 @@ class _Window:
         self.sums: dict[str, torch.Tensor] = {}
         self.counts: dict[str, int] = {}
         self.tokens = 0
+        self.padded_tokens = 0
         self.examples = 0
         self.started = time.perf_counter()
 
@@ -368,10 +423,10 @@ class _Window:
 
     def summary(self) -> dict[str, Any]:
         return {"sums": {k: v.item() for k, v in self.sums.items()}, "counts": dict(self.counts),
-                "tokens": self.tokens, "examples": self.examples}
+                "tokens": self.tokens, "padded_tokens": self.padded_tokens, "examples": self.examples}
 
 
-def _merge_windows(summaries: Sequence[dict[str, Any]]) -> tuple[dict[str, float], int, int]:
+def _merge_windows(summaries: Sequence[dict[str, Any]]) -> tuple[dict[str, float], int, int, int]:
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
     for s in summaries:
@@ -379,17 +434,18 @@ def _merge_windows(summaries: Sequence[dict[str, Any]]) -> tuple[dict[str, float
             sums[key] = sums.get(key, 0.0) + value
             counts[key] = counts.get(key, 0) + s["counts"][key]
     means = {key: sums[key] / counts[key] for key in sums}
-    return means, sum(s["tokens"] for s in summaries), sum(s["examples"] for s in summaries)
+    total = {key: sum(s[key] for s in summaries) for key in ("tokens", "padded_tokens", "examples")}
+    return means, total["tokens"], total["padded_tokens"], total["examples"]
 
 
-def _batch_size_of(batch: dict[str, Any]) -> tuple[int, int]:
-    """(examples, tokens) of a collated batch; tokens are the attention mask's ones when there is one."""
+def _batch_size_of(batch: dict[str, Any]) -> tuple[int, int, int]:
+    """(examples, real tokens, padded tokens) of a collated batch; real tokens are the attention mask's ones."""
     ids = batch.get("input_ids")
-    examples = int(ids.shape[0]) if isinstance(ids, torch.Tensor) else 0
+    if not isinstance(ids, torch.Tensor):
+        return 0, 0, 0
     mask = batch.get("attention_mask")
-    if isinstance(mask, torch.Tensor):
-        return examples, int(mask.sum())
-    return examples, int(ids.numel()) if isinstance(ids, torch.Tensor) else 0
+    real = int(mask.sum()) if isinstance(mask, torch.Tensor) else int(ids.numel())
+    return int(ids.shape[0]), real, int(ids.numel())
 
 
 class _MetricsLog:
@@ -460,8 +516,9 @@ class _Run:
         self.evaluate_fn, self.on_save = evaluate, on_save
         self.output_dir = Path(settings.output_dir)
         self.plan = Plan.make(settings, len(dataset), ctx.world_size)
-        if settings.num_threads:
-            torch.set_num_threads(settings.num_threads)
+        self.lengths = dataset_lengths(dataset) if settings.group_by_length else None
+        if self.ctx.device.type == "cpu" or settings.num_threads:
+            torch.set_num_threads(settings.num_threads or default_threads())
         _seed_everything(_derive_seed(settings.seed, ctx.rank))
 
         self.device = ctx.device
@@ -471,6 +528,7 @@ class _Run:
         self.optimizer = build_optimizer(self.model, settings, self.device)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, linear_schedule(self.plan.warmup_steps, self.plan.total_steps))
+        self.planned_steps = self.plan.total_steps
         self.step, self.epoch, self.micro_done, self.elapsed_before = 0, 0, 0, 0.0
         self.last_checkpoint: Path | None = None
         self.last_saved_step = -1
@@ -499,9 +557,8 @@ class _Run:
         if folder is None:
             return None
         state = load_checkpoint(folder)
-        saved = state["geometry"]
-        here = {"world_size": ctx.world_size, "batch_size": s.batch_size, "grad_accum_steps": s.grad_accum_steps,
-                "examples": self.plan.examples}
+        saved = {"group_by_length": False, "length_group_batches": None, **state["geometry"]}  # older checkpoints
+        here = self._geometry()
         if saved != here:
             raise ValueError(f"cannot resume {folder} exactly: it was written with {saved}, this run has {here}")
         if state["seed"] != s.seed:
@@ -512,6 +569,8 @@ class _Run:
         self.scaler.load_state_dict(state["scaler"])
         self.step, self.epoch, self.micro_done = state["step"], state["epoch"], state["micro_batches_done"]
         self.elapsed_before = state["elapsed_s"]
+        if "total_steps" in state and state["total_steps"] != self.plan.total_steps:  # a plan fitted to the budget
+            self._set_plan(state["total_steps"], state["warmup_steps"])
         restore_rng_state(state["rng"][ctx.rank])
         self.last_checkpoint, self.last_saved_step = folder, self.step
         if ctx.is_main:
@@ -530,7 +589,8 @@ class _Run:
         self.metrics = _MetricsLog(self.output_dir / METRICS_FILE, ctx.is_main, keep)
         self.bar = _progress_bar(ctx, s, plan, self.step)
         self.started = time.perf_counter()
-        self.run_tokens = self.run_examples = 0
+        self.fit_from_step, self.fit_from_time = self.step, None
+        self.run_tokens = self.run_examples = self.run_padded_tokens = 0
         self.final_loss: float | None = None
         self.final_eval: dict[str, float] = {}
         stopped_by = "steps"
@@ -540,7 +600,7 @@ class _Run:
             window = _Window()
             if s.max_minutes is not None and self.elapsed_before >= s.max_minutes * 60:
                 stopped_by = "max_minutes"  # a resumed run whose budget was already spent
-            while self.step < plan.total_steps and stopped_by == "steps":
+            while self.step < self.plan.total_steps and stopped_by == "steps":
                 if self._train_epoch(window):
                     stopped_by = "max_minutes"
                     break
@@ -565,21 +625,24 @@ class _Run:
         s, plan = self.settings, self.plan
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(self.epoch)
-        batches = epoch_batches(plan.examples, s, self.epoch, self.ctx.rank, self.ctx.world_size)
+        batches = epoch_batches(plan.examples, s, self.epoch, self.ctx.rank, self.ctx.world_size, self.lengths)
         loader = torch.utils.data.DataLoader(
             self.dataset, batch_sampler=batches[self.micro_done :], collate_fn=self.collate,
             num_workers=s.num_workers, pin_memory=self.device.type == "cuda",
             generator=torch.Generator().manual_seed(_derive_seed(s.seed, self.epoch, self.ctx.rank, 1)),
         )
         micro_batches = iter(loader)
-        while self.micro_done < len(batches) and self.step < plan.total_steps:
+        while self.micro_done < len(batches) and self.step < self.plan.total_steps:
             group = min(s.grad_accum_steps, len(batches) - self.micro_done)
             self._optimizer_step(micro_batches, group, window)
             self.micro_done += group
             self.step += 1
             self.bar.update(1)
-            out_of_time = s.max_minutes is not None and any_rank(self.ctx, self._elapsed() > s.max_minutes * 60)
-            if self._due(s.log_every_steps) or self.step == plan.total_steps or out_of_time:
+            if self._fitting():
+                self._fit_plan_to_budget()
+            out_of_time = (s.max_minutes is not None and self.step < self.plan.total_steps
+                           and any_rank(self.ctx, self._elapsed() > self._hard_limit_s()))
+            if self._due(s.log_every_steps) or self.step == self.plan.total_steps or out_of_time:
                 self._log(window)
                 window.reset()
             if self.evaluate_fn is not None and self._due(s.eval_every_steps):
@@ -597,11 +660,13 @@ class _Run:
         s = self.settings
         for i in range(group):
             batch = next(micro_batches)
-            examples, tokens = _batch_size_of(batch)
+            examples, tokens, padded = _batch_size_of(batch)
             window.examples += examples
             window.tokens += tokens
+            window.padded_tokens += padded
             self.run_examples += examples
             self.run_tokens += tokens
+            self.run_padded_tokens += padded
             batch = {k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
             sync = i == group - 1 or not self.ctx.enabled
             with (contextlib.nullcontext() if sync else self.model.no_sync()):
@@ -628,6 +693,51 @@ class _Run:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.amp_dtype)
 
+    # -- a time budget that keeps the schedule whole
+
+    def _fitting(self) -> bool:
+        return bool(self.settings.fit_schedule_to_budget and self.settings.max_minutes)
+
+    def _hard_limit_s(self) -> float:
+        """Fitting aims at the budget; the stop is a safety net a little past it (speed on a shared machine varies)."""
+        return self.settings.max_minutes * 60 * (1.1 if self._fitting() else 1.0)
+
+    def _fit_plan_to_budget(self) -> None:
+        """Set the total steps so that the run ends at max_minutes at the speed measured so far.
+
+        The speed is counted from the end of the first step of this invocation (which pays for warm-up);
+        the plan only shrinks (never past what epochs / max_steps asked) and the warmup keeps its ratio.
+        Refitted after every step, so a machine that slows down or speeds up moves the end, not the budget.
+        """
+        now = time.perf_counter()
+        if self.fit_from_time is None:
+            self.fit_from_step, self.fit_from_time = self.step, now
+            return
+        steps, seconds = self.step - self.fit_from_step, now - self.fit_from_time
+        if steps <= 0 or seconds <= 0:
+            return
+        remaining_s = self.settings.max_minutes * 60 - self._elapsed()
+        total = self.step + max(0, math.floor(remaining_s * steps / seconds))  # this step when the budget is spent
+        total = broadcast_object(self.ctx, min(self.planned_steps, total))
+        s = self.settings
+        warmup = s.warmup_steps if s.warmup_steps is not None else math.ceil(s.warmup_ratio * total)
+        if total != self.plan.total_steps:
+            if self.ctx.is_main and abs(total - self.plan.total_steps) > 0.05 * self.plan.total_steps:
+                log.info("budget %.1f min at %.2f s/step: %d steps in all (planned %d), warmup %d", s.max_minutes,
+                         seconds / steps, total, self.planned_steps, min(warmup, total))
+            self._set_plan(total, min(warmup, total))
+
+    def _set_plan(self, total: int, warmup: int) -> None:
+        self.plan = replace(self.plan, total_steps=total, warmup_steps=warmup)
+        # LambdaLR reads its factor at every step: the decay now reaches 0 at the new end.
+        factor = self.scheduler.lr_lambdas[0] = linear_schedule(warmup, total)
+        # The rate of the coming step was computed with the old plan: recompute it with the new one.
+        for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
+            group["lr"] = base * factor(self.scheduler.last_epoch)
+        self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+        if hasattr(self, "bar"):
+            self.bar.total = total
+
     def _due(self, every: int | None) -> bool:
         return bool(every) and self.step % every == 0
 
@@ -643,11 +753,12 @@ class _Run:
         summaries = gather_objects(self.ctx, window.summary())
         if not self.ctx.is_main:
             return
-        means, tokens, examples = _merge_windows(summaries)
+        means, tokens, padded, examples = _merge_windows(summaries)
         seconds = max(time.perf_counter() - window.started, 1e-9)
         record = {"step": self.step, "epoch": round(self._epoch_progress(), 4), "loss": means.pop("loss"),
                   "learning_rate": self.learning_rate, "tokens_per_s": tokens / seconds,
-                  "examples_per_s": examples / seconds, "elapsed_s": round(self._elapsed(), 3), **means}
+                  "examples_per_s": examples / seconds, "padding_ratio": padded / max(tokens, 1),
+                  "elapsed_s": round(self._elapsed(), 3), **means}
         self.final_loss = record["loss"]
         self.metrics.write(record)
         self.bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}", refresh=False)
@@ -686,9 +797,10 @@ class _Run:
                 "epoch": self.epoch if self.micro_done < self.plan.micro_batches_per_epoch else self.epoch + 1,
                 "micro_batches_done": self.micro_done % self.plan.micro_batches_per_epoch,
                 "elapsed_s": self._elapsed(),
+                "total_steps": self.plan.total_steps,
+                "warmup_steps": self.plan.warmup_steps,
                 "seed": self.settings.seed,
-                "geometry": {"world_size": self.ctx.world_size, "batch_size": self.settings.batch_size,
-                             "grad_accum_steps": self.settings.grad_accum_steps, "examples": self.plan.examples},
+                "geometry": self._geometry(),
             }
             save_checkpoint(folder, state)
             self._prune_checkpoints()
@@ -719,6 +831,7 @@ class _Run:
             "device": str(self.device),
             "amp": str(self.amp_dtype) if self.amp_dtype else "off",
             "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
             "resumed_from": str(self.resumed_from) if self.resumed_from else None,
         }
         (self.output_dir / SETTINGS_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
@@ -727,6 +840,13 @@ class _Run:
                  "%d steps (warmup %d), device %s, amp %s", plan.examples, s.batch_size, s.grad_accum_steps,
                  self.ctx.world_size, self._effective_batch(), plan.steps_per_epoch, plan.total_steps,
                  plan.warmup_steps, self.device, record["amp"])
+
+    def _geometry(self) -> dict[str, Any]:
+        """What fixes the data order: a checkpoint resumes exactly only under the same geometry."""
+        s = self.settings
+        return {"world_size": self.ctx.world_size, "batch_size": s.batch_size, "grad_accum_steps": s.grad_accum_steps,
+                "examples": self.plan.examples, "group_by_length": s.group_by_length,
+                "length_group_batches": s.length_group_batches if s.group_by_length else None}
 
     def _effective_batch(self) -> int:
         return self.settings.batch_size * self.settings.grad_accum_steps * self.ctx.world_size
@@ -738,6 +858,8 @@ class _Run:
             steps=self.step, epochs=round(self._epoch_progress(), 4), final_loss=self.final_loss,
             elapsed_s=round(self._elapsed(), 3), tokens_per_s=self.run_tokens * world / seconds,
             examples_per_s=self.run_examples * world / seconds, last_checkpoint=self.last_checkpoint,
-            stopped_by=stopped_by, world_size=world, effective_batch_size=self._effective_batch(),
-            metrics_path=self.output_dir / METRICS_FILE, final_eval=self.final_eval,
+            stopped_by=stopped_by, planned_steps=self.planned_steps,
+            fitted_to_budget=self.plan.total_steps != self.planned_steps, world_size=world, effective_batch_size=self._effective_batch(),
+            threads=torch.get_num_threads(), real_tokens=self.run_tokens * world,
+            padded_tokens=self.run_padded_tokens * world, metrics_path=self.output_dir / METRICS_FILE, final_eval=self.final_eval,
         )

@@ -230,3 +230,18 @@ def test_parity_slices_are_real_and_varied(tokenizer):
     mask_examples, _ = parity.parity_slice(SPECS["fill-mask"], tokenizer, data_dir, 3)
     mask_id = tokenizer.token_to_id("[MASK]")
     assert all(e.features[0].input_ids[e.mask_positions[0]] == mask_id for e in mask_examples)
+
+
+def test_cli_writes_example_inputs_and_refuses_bad_ones_before_exporting(finetuned, tmp_path, capsys):
+    examples = [{"text": "A dog runs on the beach.", "text_pair": "A dog is running along the shore."}]
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    good.write_text(json.dumps(examples))
+    bad.write_text(json.dumps(["a text where a pair belongs"]))
+    common = ["--optimize", "never", "--parity-examples", str(EXAMPLES), "--threads", "2", "--quiet"]
+    assert berth_main(["export", str(finetuned["pair"]), "--out", str(tmp_path / "no"), "--examples", str(bad),
+                       *common]) == 2
+    assert "examples[0] (pair): expected an object with exactly the fields text, text_pair" in capsys.readouterr().err
+    assert not (tmp_path / "no").exists()
+    assert berth_main(["export", str(finetuned["pair"]), "--out", str(tmp_path / "pair"), "--examples", str(good),
+                       *common]) == 0
+    assert load_bundle(tmp_path / "pair").examples == examples

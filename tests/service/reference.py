@@ -1,46 +1,81 @@
-"""What the service should answer: the PyTorch model of the same fine-tuned folder, its logits decoded
-by the shared task layer with the bundle's settings."""
+"""What the service should answer, computed without any of berth's own encoding or decoding code:
+transformers on the same fine-tuned folder (its pipelines for classification and NER; for QA, whose
+pipeline transformers 5 removed, its model's logits and a brute-force span search written here)."""
 
 from __future__ import annotations
 
+import warnings
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from export.onnx_export import load_finetuned
-from tasks import classification, ner, qa
-from tasks.tokenizer import load_tokenizer
-from training.predict import predict
+MAX_SEQ_LENGTH = {"sentiment": 64, "similarity": 64, "entities": 64, "reader": 128}  # models_for_tests.py
 
 
 @cache
-def _load(folder: Path):
+def _pipeline(task: str, folder: Path, **options):
+    from transformers import pipeline
+
     torch.set_num_threads(2)
-    model, spec, _ = load_finetuned(folder)
-    return model, spec, load_tokenizer(folder)
+    warnings.filterwarnings("ignore")
+    return pipeline(task, model=str(folder), device="cpu", **options)
 
 
 def classify(folder: Path, texts: list[str], pairs: list[str] | None = None, top_k: int | None = None) -> list:
-    model, spec, tokenizer = _load(folder)
-    pairs = pairs or [None] * len(texts)
-    items = [classification.encode_classification(tokenizer, t, p, spec.max_seq_length) for t, p in zip(texts, pairs)]
-    logits = predict(model, items, ["logits"], per_token=False)["logits"]
-    return classification.decode_classification(np.stack(logits), spec.labels, top_k, spec.problem_type)
+    """{label, score} per input (the ranked list with top_k); regression (one output): {score} = the logit."""
+    regression = folder.name == "similarity"
+    classifier = _pipeline("text-classification", folder, top_k=None,
+                           function_to_apply="none" if regression else "softmax")
+    inputs = texts if pairs is None else [{"text": t, "text_pair": p} for t, p in zip(texts, pairs)]
+    out = classifier(inputs, truncation=True, max_length=MAX_SEQ_LENGTH[folder.name])
+    results = []
+    for ranked in out:
+        ranked = ranked if isinstance(ranked, list) else [ranked]
+        if regression:
+            results.append({"score": ranked[0]["score"]})
+        elif top_k is None:
+            results.append({"label": ranked[0]["label"], "score": ranked[0]["score"]})
+        else:
+            results.append([{"label": r["label"], "score": r["score"]} for r in ranked[:top_k]])
+    return results
 
 
 def entities(folder: Path, text: str, aggregation: str = "simple") -> list[dict]:
-    model, spec, tokenizer = _load(folder)
-    stride = min(spec.doc_stride, (spec.max_seq_length - 2) // 2)
-    windows = ner.ner_windows(tokenizer, text, spec.max_seq_length, stride)
-    logits = predict(model, list(windows), ["logits"], per_token=True)["logits"]
-    return ner.decode_entities(text, windows, logits, spec.labels, aggregation)
+    """{entity, start, end} per entity, as transformers' TokenClassificationPipeline finds them."""
+    tagger = _pipeline("token-classification", folder, aggregation_strategy=aggregation)
+    found = tagger(text)
+    return [{"entity": e.get("entity_group", e.get("entity")), "start": e["start"], "end": e["end"]} for e in found]
 
 
-def answers(folder: Path, question: str, context: str, top_k: int = 1) -> list[qa.Answer]:
-    model, spec, tokenizer = _load(folder)
-    windows = qa.make_windows(tokenizer, question, context, spec.max_seq_length, spec.doc_stride, spec.max_query_length)
-    out = predict(model, windows, ["start_logits", "end_logits"], per_token=True)
-    return qa.decode_answers(windows, out["start_logits"], out["end_logits"], n_best_size=20, top_k=top_k,
-                             handle_impossible=spec.version_2_with_negative)
+@dataclass
+class Answer:
+    answer: str
+    start: int
+    end: int
+
+
+def answers(folder: Path, question: str, context: str, top_k: int = 1, max_answer_length: int = 30) -> list[Answer]:
+    """The best spans of a context that fits one window: every (start, end) pair of context tokens, end >=
+    start, at most max_answer_length tokens, scored start_logit + end_logit; distinct character spans."""
+    from transformers import AutoModelForQuestionAnswering, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    model = AutoModelForQuestionAnswering.from_pretrained(str(folder)).eval()
+    encoded = tokenizer(question, context, return_offsets_mapping=True, return_tensors="pt")
+    offsets = encoded.pop("offset_mapping")[0].tolist()
+    sequence_ids = encoded.sequence_ids(0)
+    assert len(sequence_ids) <= MAX_SEQ_LENGTH[folder.name], "the reference handles one-window contexts only"
+    with torch.no_grad():
+        out = model(**encoded)
+    start, end = out.start_logits[0].tolist(), out.end_logits[0].tolist()
+    positions = [i for i, s in enumerate(sequence_ids) if s == 1]
+    scored = {}
+    for i in positions:
+        for j in positions:
+            if i <= j < i + max_answer_length:
+                span = (offsets[i][0], offsets[j][1])
+                scored[span] = max(scored.get(span, float("-inf")), start[i] + end[j])
+    ranked = sorted(scored, key=lambda span: -scored[span])[:top_k]
+    return [Answer(context[s:e], s, e) for s, e in ranked]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import signal
+import threading
 import time
 
 import httpx
@@ -97,5 +99,89 @@ def test_sigterm_finishes_admitted_requests_then_exits(bundle_repository, tmp_pa
         assert [r.status_code for r in responses] == [200] * count
         assert all(len(r.json()["results"]) == len(texts) for r in responses)
         assert proc.process.wait(60) == 0, proc.log()
+    finally:
+        proc.stop()
+
+
+def _poll_readyz(url: str, stop: threading.Event, seen: list[tuple[float, str]]) -> None:
+    """A load balancer's view: /readyz every 50 ms, recording 200 / 503 / refused (connection refused)."""
+    with httpx.Client(timeout=5) as c:
+        while not stop.is_set():
+            try:
+                state = str(c.get(url + "/readyz").status_code)
+            except httpx.TransportError:
+                state = "refused"
+            seen.append((time.monotonic(), state))
+            time.sleep(0.05)
+
+
+def test_sigterm_drain_delay_keeps_serving_with_readyz_503_then_refuses_and_exits(bundle_repository, tmp_path):
+    """The drain sequence: SIGTERM -> /readyz 503 while requests are still admitted for drain_delay_s -> the
+    listener closes (new connections refused) -> in-flight requests finish -> exit 0."""
+    delay = 2.0
+    proc = ServerProcess(bundle_repository, tmp_path / "drain.log", args=["--model", "sentiment"],
+                         env={"BERTH_MAX_BATCH_SIZE": "4", "BERTH_DRAIN_DELAY_S": str(delay),
+                              "BERTH_SHUTDOWN_TIMEOUT_S": "60"})
+    proc.wait_ready()
+    texts = [f"{TEXTS[i % 4]} ({i})" for i in range(64)]
+    stop, seen = threading.Event(), []
+    poller = threading.Thread(target=_poll_readyz, args=(proc.url, stop, seen))
+    try:
+        poller.start()
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            in_flight = [pool.submit(httpx.post, proc.url + "/v1/classify", json={"inputs": texts}, timeout=120)
+                         for _ in range(3)]
+            deadline = time.monotonic() + 60
+            while metric_value(proc.url, "berth_request_inputs_total") < 3 * len(texts):
+                assert time.monotonic() < deadline, proc.log()
+                time.sleep(0.02)
+            signalled = time.monotonic()
+            proc.process.send_signal(signal.SIGTERM)
+            time.sleep(delay / 4)
+            during = httpx.post(proc.url + "/v1/classify", json={"inputs": TEXTS[0]}, timeout=60)  # still admitted
+            responses = [f.result() for f in in_flight]
+        assert during.status_code == 200
+        assert [r.status_code for r in responses] == [200] * 3
+        assert all(len(r.json()["results"]) == len(texts) for r in responses)
+        assert proc.process.wait(60) == 0, proc.log()
+        exited = time.monotonic()
+    finally:
+        stop.set()
+        poller.join()
+        proc.stop()
+    before = [s for t, s in seen if t < signalled]
+    drain = [s for t, s in seen if signalled + 0.2 < t < signalled + delay - 0.2]
+    after = [s for t, s in seen if signalled + delay + 0.5 < t < exited - 0.1]
+    assert before and set(before) == {"200"}, before
+    assert drain and set(drain) == {"503"}, drain  # load balancers see not-ready while it still serves
+    assert set(after) <= {"refused"}, after  # after the delay: no new connections
+
+
+def test_shutdown_timeout_zero_does_not_wait_for_in_flight_work(bundle_repository, tmp_path):
+    proc = ServerProcess(bundle_repository, tmp_path / "nowait.log", args=["--model", "sentiment"],
+                         env={"BERTH_MAX_BATCH_SIZE": "1", "BERTH_SHUTDOWN_TIMEOUT_S": "0",
+                              "BERTH_MAX_INPUTS_PER_REQUEST": "2000", "BERTH_MAX_ITEMS_PER_REQUEST": "2000",
+                              "BERTH_MAX_TOKENS_PER_REQUEST": "1000000",
+                              "BERTH_REQUEST_TIMEOUT_S": "600"})
+    proc.wait_ready()
+    texts = [f"{TEXTS[i % 4]} {TEXTS[(i + 1) % 4]} ({i})" for i in range(2000)]  # 2,000 passes: 10+ s of work
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(httpx.post, proc.url + "/v1/classify", json={"inputs": texts}, timeout=120)
+            deadline = time.monotonic() + 60
+            while metric_value(proc.url, "berth_items_inferred_total") < 5:
+                assert time.monotonic() < deadline and not pending.done(), proc.log()
+                time.sleep(0.02)
+            begin = time.monotonic()
+            proc.process.send_signal(signal.SIGTERM)
+            code = proc.process.wait(30)
+            stopped_in = time.monotonic() - begin
+            try:
+                outcome = pending.result().status_code
+            except httpx.HTTPError:
+                outcome = "closed"
+        assert code == 0, proc.log()
+        assert outcome != 200  # not finished: it was not waited for
+        assert stopped_in < 5, stopped_in  # the ~1,995 passes left alone take longer than that
     finally:
         proc.stop()

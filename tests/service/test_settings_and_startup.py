@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -49,3 +50,45 @@ def test_serve_refuses_an_altered_bundle_naming_the_file(bundle_repository, tmp_
                                  *args], cwd=REPO, capture_output=True, text=True, timeout=120)
         assert result.returncode == 2
         assert expected in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("name", ["../sentiment/model.onnx", "/etc/hostname", "sub/../../x", "C:\\x", "a\\..\\b"])
+def test_a_manifest_naming_a_file_outside_its_bundle_is_refused(bundle_repository, tmp_path, name):
+    repository = tmp_path / "models"
+    shutil.copytree(bundle_repository / "sentiment", repository / "sentiment")
+    manifest_path = repository / "sentiment" / "bundle.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["files"][name] = dict(manifest["files"]["tokenizer.json"])
+    manifest_path.write_text(json.dumps(manifest))
+    result = subprocess.run([sys.executable, "-m", "berth.cli", "serve", "--models", str(repository), "--port", "0"],
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "not a plain relative path inside the bundle" in result.stderr and repr(name) in result.stderr
+
+
+def test_the_bytes_loaded_are_the_bytes_verified(bundle_repository, tmp_path):
+    """A file changed after discovery (between the hash check and the session) is refused, not loaded."""
+    from service.metrics import Metrics
+    from service.models import RepositoryError, load_model
+    from tasks.bundle import load_bundle
+
+    folder = tmp_path / "sentiment"
+    shutil.copytree(bundle_repository / "sentiment", folder)
+    bundle = load_bundle(folder, verify_hashes=True)
+    data = bytearray((folder / "model.onnx").read_bytes())
+    data[-1] ^= 1  # same size, one bit flipped
+    (folder / "model.onnx").write_bytes(bytes(data))
+    with pytest.raises(RepositoryError, match="model.onnx changed since it was verified"):
+        load_model(bundle, ServiceSettings(device="cpu", warmup=False), Metrics())
+
+
+def test_healthz_does_not_echo_the_failure(bundle_repository):
+    from starlette.testclient import TestClient
+
+    from service.app import create_app
+    from service.runtime import Phase, Runtime
+
+    runtime = Runtime(ServiceSettings(models=bundle_repository))
+    runtime.phase, runtime.failure = Phase.FAILED, "OSError: /secret/path/model.onnx: permission denied"
+    response = TestClient(create_app(runtime.settings, runtime)).get("/healthz")  # no lifespan: nothing loads
+    assert response.status_code == 503 and response.json() == {"status": "failed"}

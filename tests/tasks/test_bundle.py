@@ -19,6 +19,7 @@ from tasks.bundle import (
     MODEL_FILE,
     TOKENIZER_FILE,
     BundleError,
+    check_examples,
     find_bundles,
     load_bundle,
     write_manifest,
@@ -190,3 +191,29 @@ def test_find_bundles(bundle_folder):
     shutil.copytree(bundle_folder, repository / "another")
     assert find_bundles(repository) == [repository / "another", bundle_folder]
     assert find_bundles(repository / "absent") == []
+
+
+def test_examples_are_kept_and_must_fit_the_task(bundle_folder):
+    manifest = json.loads((bundle_folder / MANIFEST_FILE).read_text())
+    examples = ["A gripping film.", "Dull and far too long."]
+    write_manifest(bundle_folder, {**manifest, "examples": examples})
+    assert load_bundle(bundle_folder).examples == examples
+    for bad, problem in (([""], r"examples\[0\] \(classification\): expected a non-empty text"),
+                         ([{"text": "a", "text_pair": "b"}], "expected a non-empty text"),
+                         ("A gripping film.", "examples: Input should be a valid list")):
+        with pytest.raises(BundleError, match=problem):
+            write_manifest(bundle_folder, {**manifest, "examples": bad})
+
+
+@pytest.mark.parametrize("task,good,bad,problem", [
+    ("pair", {"text": "a", "text_pair": "b"}, {"text": "a"}, "exactly the fields text, text_pair"),
+    ("qa", {"question": "Who?", "context": "Ada did."}, {"question": "Who?", "context": " "},
+     "context must be a non-empty text"),
+    ("multiple-choice", {"context": "It rained.", "choices": ["wet", "dry"]}, {"context": "It rained.", "choices": ["wet"]},
+     "choices must be a list of 2 or more"),
+    ("ner", "Ada Lovelace lived in London.", {"text": "Ada"}, "expected a non-empty text"),
+])
+def test_examples_of_each_task_shape(task, good, bad, problem):
+    check_examples(task, [good])
+    with pytest.raises(BundleError, match=problem):
+        check_examples(task, [good, bad])

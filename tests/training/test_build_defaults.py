@@ -6,6 +6,7 @@ import pytest
 
 from berth.cli import main
 from tasks.bundle import load_bundle
+from training.build_defaults import default_examples
 
 
 @pytest.mark.slow
@@ -18,6 +19,7 @@ def test_build_defaults_only_embeddings_exports_the_base_once(tmp_path, capsys):
     assert bundle.task_settings["pooling"] == "mean" and bundle.task_settings["normalize"] is True
     assert bundle.task_settings["max_seq_length"] == 256
     assert [o.name for o in bundle.outputs] == ["sentence_embedding", "hidden_states"]
+    assert bundle.examples == default_examples()["embeddings"]  # the playground's examples
     assert not (tmp_path / "work").exists()  # nothing was fine-tuned
     capsys.readouterr()
     main(["build-defaults", "--only", "embeddings", "--out", str(out), "--work", str(tmp_path / "work")])

@@ -27,7 +27,8 @@ from training.trainer import (
 REPO = Path(__file__).resolve().parents[2]
 # Per rank: 24 of the 48 examples, micro-batches of 4, 2 per step: 3 steps per epoch, 6 in all.
 DDP_SETTINGS = {"seed": 11, "epochs": 2, "batch_size": 4, "grad_accum_steps": 2, "learning_rate": 1e-3,
-                "warmup_steps": 1, "log_every_steps": 1, "save_every_steps": 2, "keep_last_checkpoints": None}
+                "warmup_steps": 1, "log_every_steps": 1, "save_every_steps": 2, "keep_last_checkpoints": None,
+                "num_threads": 1}
 
 
 @pytest.mark.parametrize("examples,world_size", [(10, 2), (11, 2), (10, 3), (7, 4), (5, 1)])
@@ -54,12 +55,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_process_ddp_run_on_cpu(tmp_path):
+@pytest.mark.parametrize("group_by_length", [False, True], ids=["random-order", "length-grouped"])
+def test_two_process_ddp_run_on_cpu(tmp_path, group_by_length):
+    settings = {**DDP_SETTINGS, "group_by_length": group_by_length, "length_group_batches": 2}
     out = tmp_path / "ddp"
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
                "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
                "-m", "tests.training.tiny_training", str(out), "--task", "classification",
-               "--settings", json.dumps(DDP_SETTINGS)]
+               "--settings", json.dumps(settings)] + (["--variable-lengths"] if group_by_length else [])
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     run = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -83,8 +86,8 @@ def test_two_process_ddp_run_on_cpu(tmp_path):
     # Two ranks x 2 micro-batches of 4 see the same 16 examples per step as one process with 2 x 8:
     # with dropout off, the same losses (averaged over ranks) and the same weights.
     torch.set_num_threads(1)
-    single = {**DDP_SETTINGS, "batch_size": 8}
-    train(tiny_classifier(), LabelledTokens(), collate_labelled,
+    single = {**settings, "batch_size": 8}
+    train(tiny_classifier(), LabelledTokens(variable_lengths=group_by_length), collate_labelled,
           TrainSettings(output_dir=tmp_path / "single", progress_bar=False, **single))
     expected = [json.loads(line) for line in (tmp_path / "single" / METRICS_FILE).read_text().splitlines()]
     assert [r["loss"] for r in records] == pytest.approx([r["loss"] for r in expected], abs=1e-5)

@@ -24,7 +24,7 @@ def _finetune(tmp_path, task, train, dev, **options) -> tuple[Path, dict]:
 
 
 def test_classification_learns_and_saves_a_servable_folder(tmp_path):
-    out, metrics = _finetune(tmp_path, "classification", "topic_questions/train.jsonl", "topic_questions/dev.jsonl",
+    out, metrics = _finetune(tmp_path, "classification", "topics/train.jsonl", "topics/dev.jsonl",
                              max_train_examples=400, max_eval_examples=100, max_seq_length=48, learning_rate=1e-4)
     spec = TaskSpec.load(out)
     assert spec.labels == ["arts_media", "people", "places", "science_tech", "society"]
@@ -34,12 +34,18 @@ def test_classification_learns_and_saves_a_servable_folder(tmp_path):
         assert (out / name).is_file(), name
     config = json.loads((out / "config.json").read_text())
     assert config["id2label"]["0"] == "arts_media" and config["architectures"] == ["BertForSequenceClassification"]
-    again = evaluate_folder(out, SAMPLES / "topic_questions/dev.jsonl", limit=100)
+    again = evaluate_folder(out, SAMPLES / "topics/dev.jsonl", limit=100)
     assert again["accuracy"] == pytest.approx(metrics["accuracy"])
+    # The default base was trained with mean pooling: the head uses it, and says so.
+    assert spec.pooling == "mean" and config["classifier_pooling"] == "mean"
+    record = json.loads((out / "finetune_run.json").read_text())
+    assert len(record["provenance"]["git_revision"]) >= 40 and record["provenance"]["libraries"]["torch"]
+    assert record["speed"]["threads"] == 2 and record["speed"]["examples_per_s"] > 0
+    assert record["speed"]["padded_over_real_tokens"] >= 1.0
 
 
 def test_pair_regression(tmp_path):
-    out, metrics = _finetune(tmp_path, "pair", "stsb_images/train.jsonl", "stsb_images/dev.jsonl", regression=True,
+    out, metrics = _finetune(tmp_path, "pair", "stsb/train.jsonl", "stsb/dev.jsonl", regression=True,
                              max_train_examples=400, max_eval_examples=100, max_seq_length=48, learning_rate=2e-4,
                              epochs=3, batch_size=16)
     assert TaskSpec.load(out).problem_type == "regression"
@@ -47,11 +53,11 @@ def test_pair_regression(tmp_path):
     assert metrics["pearson"] > 0.3  # untrained: about 0.2 or below
 
 
-def test_ner_on_wnut17(tmp_path):
-    out, metrics = _finetune(tmp_path, "ner", "wnut17/train.conll", "wnut17/dev.conll",
+def test_ner_on_wikigold_and_btc(tmp_path):
+    out, metrics = _finetune(tmp_path, "ner", "entities/train.conll", "entities/dev.conll",
                              max_train_examples=200, max_eval_examples=100, max_seq_length=64, learning_rate=1e-4)
     spec = TaskSpec.load(out)
-    assert spec.labels[0] == "O" and "B-person" in spec.labels
+    assert spec.labels[0] == "O" and {"B-PER", "I-PER", "B-LOC", "B-ORG"} <= set(spec.labels)
     assert spec.doc_stride < spec.max_seq_length - 2  # servable overlap for long texts
     assert {"precision", "recall", "f1"} <= set(metrics)
 

@@ -218,3 +218,30 @@ def test_settings_take_a_preset_or_explicit_sizes(tmp_path):
     assert PretrainSettings(out=tmp_path).epochs == 1.0  # neither epochs nor max_steps: one epoch
     with pytest.raises(ValueError, match="unknown preset"):
         PretrainSettings(out=tmp_path, preset="huge")
+
+
+def test_max_predictions_scale_with_the_sequence_length(tmp_path, caplog):
+    # google-research/bert: max_predictions_per_seq 20 for 128-token sequences, 80 for 512.
+    settings = PretrainSettings(out=tmp_path)
+    assert [settings.predictions_per_seq(n) for n in (128, 256, 512, 64)] == [20, 40, 80, 10]
+    assert PretrainSettings(out=tmp_path, max_seq_length=512).masking().max_predictions_per_seq == 80
+    explicit = PretrainSettings(out=tmp_path, max_seq_length=512, max_predictions_per_seq=20)
+    with caplog.at_level("WARNING"):
+        assert explicit.masking().max_predictions_per_seq == 20  # kept, but 20 of 512 is 4%, not 15%
+    assert "max_predictions_per_seq=20" in caplog.text
+
+
+def test_two_phase_schedule_trains_the_longer_positions(corpus, tmp_path):
+    with pytest.raises(ValueError, match="needs max_steps"):
+        PretrainSettings(out=tmp_path, phase2_seq_length=512, epochs=1)
+    out = tmp_path / "two-phase"
+    args = [*TINY, "--max-seq-length", "32", "--phase2-seq-length", "64", "--phase2-fraction", "0.25",
+            "--eval-every", "100"]
+    _berth("pretrain", *corpus, "--out", str(out), "--vocab-size", "1000", *args)
+    record = json.loads((out / "pretrain_run.json").read_text())
+    assert record["train_result"]["steps"] == 6 and record["phase2"]["steps"] == 2  # 8 steps: 75% + 25%
+    assert record["phase2"]["seq_length"] == 64 and record["phase2"]["max_predictions_per_seq"] == 10
+    phase2 = record["phase2"]["train_result"]
+    # Phase-2 batches are real 64-token instances: far more than 32 real tokens per example.
+    assert phase2["real_tokens"] / (phase2["steps"] * 16) > 40
+    assert record["train_result"]["real_tokens"] / (6 * 16) <= 32

@@ -196,6 +196,10 @@ def test_next_sentence_labels_are_balanced_and_true(instances, corpus):
     not_next = labels == 1
     assert (instances.document_a[not_next] != instances.document_b[not_next]).all()
     assert (instances.document_a[~not_next] == instances.document_b[~not_next]).all()
+    # NotNext segments come from another *file*, not another 20,000-character piece of the same speech.
+    sources = corpus.document_sources
+    assert sources is not None and len(sources) == corpus.num_documents
+    assert (sources[instances.document_a[not_next]] != sources[instances.document_b[not_next]]).all()
 
     # Check the recorded documents against the text itself, on a sample.
     for i in np.random.default_rng(0).choice(len(instances), 300, replace=False):
@@ -404,3 +408,28 @@ def test_build_pretraining_instances_splits_by_document_and_caches(shared_data, 
     documents = read_documents(folder)
     train_docs, heldout_docs = split_documents(documents, 0.1, seed=9)
     assert {d.source for d in train_docs}.isdisjoint(d.source for d in heldout_docs)
+
+
+def test_not_next_comes_from_another_file_even_when_one_file_is_most_of_the_corpus(tmp_path, tokenizer, special):
+    # A long "book" cut into many pieces and two short files: uniform over other *documents* would
+    # draw a piece of the same book most of the time; over documents of other files, never.
+    book = "\n\n".join(f"Chapter text number {i} goes on. It has a second sentence here. And a third one." * 20
+                         for i in range(40))
+    (tmp_path / "book.txt").write_text(book, encoding="utf-8")
+    (tmp_path / "speech-a.txt").write_text("Fellow citizens, we gather today. The work goes on. " * 30, encoding="utf-8")
+    (tmp_path / "speech-b.txt").write_text("My friends, the hour is late. We must act now. " * 30, encoding="utf-8")
+    documents = read_documents(tmp_path, max_document_chars=2000)
+    corpus = tokenize_documents(documents, tokenizer)
+    files = [d.source.split("#")[0] for d in documents]
+    assert files.count(str(tmp_path / "book.txt")) > 10  # the book is many documents
+    instances = create_instances(corpus, special[CLS], special[SEP], 64, seed=3)
+    not_next = instances.next_sentence_labels == 1
+    assert not_next.sum() > 20
+    for a, b in zip(instances.document_a[not_next], instances.document_b[not_next]):
+        assert files[a] != files[b]
+
+
+def test_bert_format_documents_of_one_file_are_each_their_own_source(tmp_path, tokenizer, special):
+    (tmp_path / "docs.txt").write_text("One here.\nTwo here.\n\nThree here.\nFour.\n\nFive.\nSix.\n", encoding="utf-8")
+    corpus = tokenize_documents(read_documents(tmp_path, format="bert"), tokenizer)
+    assert list(corpus.document_sources) == [0, 1, 2]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -32,6 +33,7 @@ from training.trainer import (
     clean_stale_temporaries,
     epoch_batches,
     latest_checkpoint,
+    length_grouped_permutation,
     linear_schedule,
     list_checkpoints,
     load_checkpoint,
@@ -46,7 +48,8 @@ REPO = Path(__file__).resolve().parents[2]
 # single micro-batch; 3 epochs = 18 steps. Checkpoints every 4 steps land mid-epoch (step 8 is 4 of 11
 # micro-batches into epoch 1).
 RESUME_SETTINGS = {"seed": 7, "epochs": 3, "batch_size": 4, "grad_accum_steps": 2, "learning_rate": 2e-3,
-                   "warmup_ratio": 0.1, "log_every_steps": 1, "save_every_steps": 4, "keep_last_checkpoints": 2}
+                   "warmup_ratio": 0.1, "log_every_steps": 1, "save_every_steps": 4, "keep_last_checkpoints": 2,
+                   "num_threads": 1}
 
 
 @pytest.fixture(autouse=True)
@@ -66,8 +69,10 @@ def final_weights(out: Path) -> dict[str, torch.Tensor]:
     return load_checkpoint(latest_checkpoint(out))["model"]
 
 
-def test_resume_after_kill_is_exact(tmp_path):
-    settings = TrainSettings(output_dir=tmp_path / "straight", progress_bar=False, **RESUME_SETTINGS)
+@pytest.mark.parametrize("group_by_length", [False, True], ids=["random-order", "length-grouped"])
+def test_resume_after_kill_is_exact(tmp_path, group_by_length):
+    run_settings = {**RESUME_SETTINGS, "group_by_length": group_by_length, "length_group_batches": 3}
+    settings = TrainSettings(output_dir=tmp_path / "straight", progress_bar=False, **run_settings)
     straight = train(tiny_pretraining_model(), MaskedTokens(), collate, settings)
     assert straight.steps == 18 and straight.stopped_by == "steps"
 
@@ -75,10 +80,10 @@ def test_resume_after_kill_is_exact(tmp_path):
     # so steps 9 and 10 were logged by a run whose state is lost.
     out = tmp_path / "killed"
     command = [sys.executable, "-m", "tests.training.tiny_training", str(out), "--hang-after-step", "10",
-               "--settings", json.dumps(RESUME_SETTINGS)]
+               "--settings", json.dumps(run_settings)]
     process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 300  # a loaded shared machine starts torch slowly
         while not (out / "hanging").exists():
             assert process.poll() is None, f"the run ended instead of hanging:\n{process.stdout.read()}"
             assert time.monotonic() < deadline, "the run never reached step 10"
@@ -92,7 +97,7 @@ def test_resume_after_kill_is_exact(tmp_path):
 
     dataset = MaskedTokens()
     resumed = train(tiny_pretraining_model(seed=123), dataset, collate,
-                    TrainSettings(output_dir=out, progress_bar=False, **RESUME_SETTINGS))
+                    TrainSettings(output_dir=out, progress_bar=False, **run_settings))
     assert resumed.steps == 18
     assert dataset.epochs_seen == [1, 2]  # resumed inside epoch 1, without replaying epoch 0
 
@@ -159,6 +164,33 @@ def test_time_budget_stops_with_a_checkpoint(tmp_path):
     assert [r["step"] for r in train_records(tmp_path)] == [1]
 
 
+class SlowLabelledTokens(LabelledTokens):
+    """Each item takes 50 ms to load: a step speed that the machine's load hardly moves."""
+
+    def __getitem__(self, index: int):
+        time.sleep(0.05)
+        return super().__getitem__(index)
+
+
+def test_a_fitted_budget_keeps_the_schedule_whole(tmp_path):
+    # 400 steps planned, ~0.1 s each; a 3-second budget fits ~30 of them, warmup and decay included.
+    settings = TrainSettings(output_dir=tmp_path, progress_bar=False, max_steps=400, batch_size=2, learning_rate=1e-3,
+                             warmup_ratio=0.1, max_minutes=0.05, fit_schedule_to_budget=True, log_every_steps=1,
+                             num_threads=1)
+    result = train(tiny_classifier(), SlowLabelledTokens(), collate_labelled, settings)
+    assert result.planned_steps == 400 and result.fitted_to_budget and result.stopped_by == "steps"
+    assert 5 <= result.steps < 100
+    assert result.elapsed_s < 0.05 * 60 * 1.1 + 1
+    # The rate went up through the warmup to near its peak and decayed to almost 0 by the last step: the
+    # schedule ended whole, not cut mid-way (the fit is refitted each step, so the end may move by a step).
+    records = train_records(tmp_path)
+    assert records[-1]["step"] == result.steps
+    assert max(r["learning_rate"] for r in records) > 0.8e-3
+    assert records[-1]["learning_rate"] < 0.15e-3
+    state = load_checkpoint(result.last_checkpoint)
+    assert (state["total_steps"], state["warmup_steps"]) == (result.steps, math.ceil(0.1 * result.steps))
+
+
 def test_linear_warmup_then_linear_decay(tmp_path):
     factor = linear_schedule(warmup_steps=4, total_steps=12)
     assert [factor(s) for s in range(13)] == pytest.approx(
@@ -190,6 +222,45 @@ def test_epoch_order_is_seeded_and_sharded():
     ranks = [epoch_batches(10, settings, epoch=0, rank=r, world_size=2) for r in range(2)]
     assert [len(b) for b in ranks[0]] == [len(b) for b in ranks[1]] == [3, 2]
     assert {i for r in ranks for b in r for i in b} == set(range(10))
+
+
+def padded_tokens(batches: list[list[int]], lengths: list[int]) -> int:
+    return sum(len(b) * max(lengths[i] for i in b) for b in batches)
+
+
+def test_length_grouping_is_a_seeded_permutation_with_less_padding():
+    lengths = [int(n) for n in torch.randint(4, 128, (1000,), generator=torch.Generator().manual_seed(0))]
+    settings = TrainSettings(output_dir="unused", batch_size=16, seed=3, group_by_length=True, length_group_batches=10)
+    first = epoch_batches(1000, settings, epoch=0, lengths=lengths)
+    assert sorted(i for b in first for i in b) == list(range(1000))  # every example once
+    assert [len(b) for b in first] == [16] * 62 + [8]  # 1000 = 62 x 16 + 8: the partial batch comes last
+    assert first == epoch_batches(1000, settings, epoch=0, lengths=lengths)  # a function of (seed, epoch)
+    assert first != epoch_batches(1000, settings, epoch=1, lengths=lengths)
+    assert first != epoch_batches(1000, settings.model_copy(update={"seed": 4}), epoch=0, lengths=lengths)
+    # Batches are drawn from sorted chunks: far less padding than a random order (here ~1.5x the real
+    # tokens for uniform lengths 4..127), yet the batch order is shuffled (not longest-first throughout).
+    real = sum(lengths)
+    grouped = padded_tokens(first, lengths)
+    random_order = padded_tokens(epoch_batches(1000, settings.model_copy(update={"group_by_length": False}), 0), lengths)
+    assert grouped < 1.1 * real < 1.4 * real < random_order
+    longest = [max(lengths[i] for i in b) for b in first[:-1]]
+    assert longest != sorted(longest, reverse=True)
+    with pytest.raises(ValueError, match="one length per example"):
+        epoch_batches(1000, settings, epoch=0)
+
+
+def test_length_grouping_deals_each_group_to_the_ranks():
+    """Under DDP the group is batch x world: rank r's micro-batch k is a slice of global group k."""
+    lengths = [int(n) for n in torch.randint(1, 200, (101,), generator=torch.Generator().manual_seed(1))]
+    settings = TrainSettings(output_dir="unused", batch_size=5, seed=9, group_by_length=True, length_group_batches=4)
+    order = length_grouped_permutation(lengths, seed=9, epoch=2, group=10, chunk_groups=4)
+    ranks = [epoch_batches(101, settings, epoch=2, rank=r, world_size=2, lengths=lengths) for r in range(2)]
+    assert len(ranks[0]) == len(ranks[1]) == 11  # 101 padded to 102 -> 51 per rank
+    for k in range(10):
+        assert sorted(ranks[0][k] + ranks[1][k]) == sorted(order[10 * k : 10 * k + 10])
+    # The same global groups as one process with batch 10: DDP with 2 x 5 sees what 1 x 10 sees.
+    single = epoch_batches(101, settings.model_copy(update={"batch_size": 10}), epoch=2, lengths=lengths)
+    assert [sorted(a + b) for a, b in zip(ranks[0][:10], ranks[1][:10])] == [sorted(b) for b in single[:10]]
 
 
 def test_no_weight_decay_on_biases_and_layer_norm():

@@ -49,7 +49,7 @@ class MaskedTokens:
                  metrics: Path | None = None) -> None:
         rng = np.random.default_rng(seed)
         self.tokens = rng.integers(5, VOCAB, size=(size, SEQ_LEN))
-        self.lengths = rng.integers(SEQ_LEN // 2, SEQ_LEN + 1, size=size)
+        self.lengths_ = rng.integers(SEQ_LEN // 2, SEQ_LEN + 1, size=size)
         self.seed, self.epoch = seed, 0
         self.hang_after_step, self.metrics = hang_after_step, metrics
         self.epochs_seen: list[int] = []
@@ -61,11 +61,14 @@ class MaskedTokens:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    def lengths(self) -> list[int]:
+        return [int(n) for n in self.lengths_]
+
     def __getitem__(self, index: int) -> dict:
         if self.hang_after_step is not None:
             self._maybe_hang()
         rng = np.random.default_rng([self.seed, self.epoch, index])
-        length = int(self.lengths[index])
+        length = int(self.lengths_[index])
         ids = self.tokens[index, :length].copy()
         labels = np.full(length, -100)
         masked = rng.random(length) < 0.3
@@ -99,23 +102,33 @@ def collate(items: list[dict]) -> dict[str, torch.Tensor]:
 
 
 class LabelledTokens:
-    """Fixed-length random sequences with a binary label; no randomness per epoch."""
+    """Random sequences with a binary label; no randomness per epoch. Fixed length unless variable_lengths."""
 
-    def __init__(self, size: int = 48, seed: int = 0) -> None:
+    def __init__(self, size: int = 48, seed: int = 0, variable_lengths: bool = False) -> None:
         rng = np.random.default_rng(seed)
         self.tokens = torch.as_tensor(rng.integers(5, VOCAB, size=(size, SEQ_LEN)))
         self.labels = torch.as_tensor(self.tokens[:, 0] % 2)
+        sizes = rng.integers(2, SEQ_LEN + 1, size=size) if variable_lengths else np.full(size, SEQ_LEN)
+        self.sizes = [int(n) for n in sizes]
 
     def __len__(self) -> int:
         return len(self.tokens)
 
+    def lengths(self) -> list[int]:
+        return list(self.sizes)
+
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.tokens[index], self.labels[index]
+        return self.tokens[index, : self.sizes[index]], self.labels[index]
 
 
 def collate_labelled(items: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    ids = torch.stack([ids for ids, _ in items])
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.stack([y for _, y in items])}
+    width = max(len(ids) for ids, _ in items)
+    ids = torch.zeros(len(items), width, dtype=torch.long)
+    mask = torch.zeros(len(items), width, dtype=torch.long)
+    for row, (tokens, _) in enumerate(items):
+        ids[row, : len(tokens)] = tokens
+        mask[row, : len(tokens)] = 1
+    return {"input_ids": ids, "attention_mask": mask, "labels": torch.stack([y for _, y in items])}
 
 
 def state_hash(model: torch.nn.Module) -> str:
@@ -134,6 +147,7 @@ def main() -> None:
     parser.add_argument("--task", choices=["pretraining", "classification"], default="pretraining")
     parser.add_argument("--hang-after-step", type=int, default=None)
     parser.add_argument("--settings", default="{}", help="TrainSettings fields as JSON")
+    parser.add_argument("--variable-lengths", action="store_true", help="classification: sequences of 2..12 tokens")
     args = parser.parse_args()
     torch.set_num_threads(1)
     settings = TrainSettings(output_dir=args.out, progress_bar=False, **json.loads(args.settings))
@@ -143,7 +157,7 @@ def main() -> None:
         result = train(model, dataset, collate, settings)
     else:
         model = tiny_classifier()
-        result = train(model, LabelledTokens(), collate_labelled, settings)
+        result = train(model, LabelledTokens(variable_lengths=args.variable_lengths), collate_labelled, settings)
     rank = int(os.environ.get("RANK", "0"))
     record = {"rank": rank, "world_size": int(os.environ.get("WORLD_SIZE", "1")), "hash": state_hash(model),
               "result": result.to_dict()}

@@ -1,0 +1,223 @@
+"""Regenerate the tables of docs/RESULTS.md from the fine-tuning run records (bench/results/finetune/*.json).
+
+Each record is a run's `finetune_run.json` (settings, data sizes, minutes, dev metrics, speed,
+provenance). The script rewrites only the blocks between `<!-- generated:NAME -->` and
+`<!-- /generated:NAME -->` in docs/RESULTS.md; the prose around them must not repeat their numbers.
+
+    python scripts/results_md.py [--check]   # --check: exit 1 if the file is not up to date
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RECORDS = REPO / "bench" / "results" / "finetune"
+RESULTS = REPO / "docs" / "RESULTS.md"
+
+
+@dataclass(frozen=True)
+class Target:
+    """An issue-11 target: `metric` of the dev metrics (as recorded) must reach `floor` (in `scale` units)."""
+
+    task: str
+    metric: str
+    floor: float
+    scale: float  # recorded value x scale = the value shown (accuracy 0.91 -> 91)
+
+
+TARGETS = {
+    "STS-B": [Target("STS-B", "pearson", 0.85, 1.0)],
+    "MRPC": [Target("MRPC", "accuracy", 84, 100), Target("MRPC", "f1", 88, 100)],
+    "SST-2": [Target("SST-2", "accuracy", 90, 100)],
+    "CoNLL-2003": [Target("CoNLL-2003", "f1", 90, 100)],
+    "SQuAD v1.1": [Target("SQuAD v1.1", "f1", 65, 1)],
+    "SQuAD v2.0": [Target("SQuAD v2.0", "f1", 60, 1), Target("SQuAD v2.0", "HasAns_f1", 40, 1)],
+}
+
+
+def task_of(record: dict) -> str:
+    s = record["settings"]
+    train = str(s["train_file"]).lower()
+    if s["task"] == "qa":
+        return "SQuAD v2.0" if ("v2" in train or s.get("version_2_with_negative")) else "SQuAD v1.1"
+    if s["task"] == "ner":
+        return "CoNLL-2003" if "conll2003" in train else "NER"
+    for key, name in (("sst2", "SST-2"), ("mrpc", "MRPC"), ("stsb", "STS-B")):
+        if key in train:
+            return name
+    return s["task"]
+
+
+def load_records(folder: Path = RECORDS) -> list[dict]:
+    records = []
+    for path in sorted(folder.glob("*.json")):
+        record = json.loads(path.read_text(encoding="utf-8"))
+        record["_name"] = path.stem
+        record["_task"] = task_of(record)
+        records.append(record)
+    return records
+
+
+def this_session(record: dict) -> bool:
+    """Records with provenance (git revision, versions, threads, speed) come from the issue-11 recipes."""
+    return "provenance" in record
+
+
+def headline(record: dict) -> str:
+    m, task = record["dev_metrics"], record["_task"]
+    if task.startswith("SQuAD"):
+        text = f"EM {m['exact']:.1f} / F1 {m['f1']:.1f}"
+        if "HasAns_f1" in m and "NoAns_f1" in m:
+            abstain = 100 * m["NoAns_total"] / m["total"]  # F1 of answering "no answer" everywhere
+            text += (f" (HasAns F1 {m['HasAns_f1']:.1f}, NoAns F1 {m['NoAns_f1']:.1f}; "
+                     f"{m['f1'] - abstain:+.2f} over always abstaining)")
+        return text
+    if "pearson" in m:
+        return f"Pearson {m['pearson']:.3f} / Spearman {m['spearman']:.3f}"
+    if task == "CoNLL-2003" or record["settings"]["task"] == "ner":
+        return f"entity F1 {100 * m['f1']:.1f} (P {100 * m['precision']:.1f}, R {100 * m['recall']:.1f})"
+    text = f"accuracy {100 * m['accuracy']:.1f}"
+    if "f1" in m:
+        text += f", F1 {100 * m['f1']:.1f}"
+    return text
+
+
+def speed(record: dict) -> tuple[str, str, str, str]:
+    """threads, examples/s, real tokens/s, padded/real: from the record, or what it lacks shown as such."""
+    t = record["train_result"]
+    sp = record.get("speed")
+    threads = str(sp["threads"]) if sp else str(record["settings"].get("threads") or "?")
+    padding = f"{sp['padded_over_real_tokens']:.2f}" if sp else "not recorded"
+    return threads, f"{t['examples_per_s']:.1f}", f"{t['tokens_per_s']:.0f}", padding
+
+
+def runs_table(records: list[dict]) -> str:
+    lines = ["| run record | task | dev metrics (all dev examples) | train min | examples trained / training examples read | "
+             "threads | examples/s | real tokens/s | padded / real tokens | git revision |",
+             "|---|---|---|---:|---|---:|---:|---:|---:|---|"]
+    for r in records:
+        t, s = r["train_result"], r["settings"]
+        seen = round(t["epochs"] * r["train_examples"]) if s["task"] != "qa" else None
+        trained = (f"{seen:,} / {r['train_examples']:,} ({t['epochs']:.2f} epochs)" if seen is not None
+                   else f"{t['epochs']:.2f} epochs of {r['train_examples']:,} questions' windows")
+        revision = (r.get("provenance") or {}).get("git_revision") or "not recorded"
+        threads, examples_s, tokens_s, padding = speed(r)
+        lines.append(f"| `{r['_name']}` | {r['_task']} | {headline(r)} | {r['train_minutes']:.1f} | {trained} | "
+                     f"{threads} | {examples_s} | {tokens_s} | {padding} | {revision[:12]} |")
+    return "\n".join(lines)
+
+
+def targets_table(records: list[dict]) -> str:
+    lines = ["| task | target (issue 11) | measured this session | met? | what the run was |", "|---|---|---|---|---|"]
+    for task, targets in TARGETS.items():
+        runs = [r for r in records if r["_task"] == task and this_session(r)]
+        best = max(runs, key=lambda r: r["dev_metrics"].get(targets[0].metric, float("-inf")), default=None)
+        for target in targets:
+            goal = f"{target.metric} ≥ {target.floor:g}"
+            if best is None or target.metric not in best["dev_metrics"]:
+                lines.append(f"| {task} | {goal} | not run this session | — | — |")
+                continue
+            value = best["dev_metrics"][target.metric] * target.scale
+            verdict = "yes" if value >= target.floor else f"no, short by {target.floor - value:.3g}"
+            lines.append(f"| {task} | {goal} | {value:.3g} (`{best['_name']}`) | {verdict} | {recipe(best)} |")
+    return "\n".join(lines)
+
+
+SPEED = REPO / "bench" / "results" / "finetune_speed.json"
+
+
+def speed_table(records: list[dict]) -> str:
+    """The fine-tuning speed benchmark (bench/finetune_speed.py): its own markdown table and machine facts."""
+    if not SPEED.is_file():
+        return "(not measured: run `python -m bench.finetune_speed`)"
+    data = json.loads(SPEED.read_text(encoding="utf-8"))
+    m = data["machine"]
+    facts = (f"Measured {m['timestamp']} at git {str(m['git_revision'])[:12]}, {m['cpu_model']}, "
+             f"{m['usable_cores']} usable cores, torch {m['libraries'].get('torch')}, load average "
+             f"{m['load_average'][0]:.1f} before / {m['load_average_after'][0]:.1f} after (a shared machine: "
+             f"read the speed-up column, measured side by side, not the absolute rates).")
+    return data["markdown"] + "\n\n" + facts
+
+
+def recipe(record: dict) -> str:
+    """What was tried, from the record: steps run of those planned, budget, rate, pooling, threads."""
+    s, sched = record["settings"], record.get("schedule") or {}
+    steps = f"{sched['steps']} of {sched['planned_steps']} planned steps" if sched else f"{record['train_result']['steps']} steps"
+    budget = f", budget {s['max_minutes']:g} min" + (" (fitted)" if sched.get("fitted_to_budget") else "") if s.get("max_minutes") else ""
+    chosen = record.get("pooling") or s.get("pooling")
+    if chosen == "auto" and Path(record["base"]).is_dir():  # records made before the choice was recorded
+        from training.finetune import default_pooling
+
+        chosen = default_pooling(Path(record["base"]))
+    pooling = f", {chosen} pooling" if chosen and s["task"] in ("classification", "pair") else ""
+    return (f"{steps} ({record['train_result']['epochs']:.2f} epochs){budget}, lr {s['learning_rate']:g}, "
+            f"batch {s['batch_size']}{pooling}, {record['speed']['threads']} threads")
+
+
+PADDING = REPO / "bench" / "results" / "finetune_padding.json"
+
+
+def padding_table(records: list[dict]) -> str:
+    if not PADDING.is_file():
+        return "(not measured: run `python -m bench.finetune_speed --padding-only`)"
+    data = json.loads(PADDING.read_text(encoding="utf-8"))
+    return data["markdown"] + f"\n\n(batch {data['batch_size']}, git {str(data['machine']['git_revision'])[:12]})"
+
+
+PROBE = REPO / "bench" / "results" / "pooling_probe.json"
+
+
+def pooling_table(records: list[dict]) -> str:
+    """The linear probe of bench/pooling_probe.py: the measurement behind --pooling auto."""
+    if not PROBE.is_file():
+        return "(not measured: run `python -m bench.pooling_probe`)"
+    data = json.loads(PROBE.read_text(encoding="utf-8"))
+    acc, pooler = data["dev_accuracy"], data["pooler"]
+    return "\n".join([
+        f"| pooling | SST-2 dev accuracy, linear probe on frozen features ({data['train_sentences']:,} training "
+        f"sentences, all {data['dev_sentences']} dev) |",
+        "|---|---:|",
+        *(f"| {name} | {100 * value:.1f} |" for name, value in acc.items()),
+        "",
+        f"The base's pooler: dense weight std {pooler['weight_std']:.4f}, diagonal mean {pooler['diagonal_mean']:.5f} "
+        f"(git {str(data['machine']['git_revision'])[:12]}).",
+    ])
+
+
+BLOCKS = {"targets": targets_table, "runs": runs_table, "speed": speed_table, "padding": padding_table,
+          "pooling": pooling_table}
+
+
+def render(text: str, records: list[dict]) -> str:
+    for name, make in BLOCKS.items():
+        pattern = re.compile(rf"(<!-- generated:{name} -->\n).*?(<!-- /generated:{name} -->)", re.S)
+        if not pattern.search(text):
+            raise SystemExit(f"{RESULTS}: no <!-- generated:{name} --> block")
+        text = pattern.sub(lambda m, make=make: m.group(1) + make(records) + "\n" + m.group(2), text)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 when docs/RESULTS.md is out of date")
+    args = parser.parse_args(argv)
+    old = RESULTS.read_text(encoding="utf-8")
+    new = render(old, load_records())
+    if args.check:
+        if new != old:
+            print(f"{RESULTS} is out of date: run python scripts/results_md.py", file=sys.stderr)
+            return 1
+        return 0
+    RESULTS.write_text(new, encoding="utf-8")
+    print(f"wrote {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""Span ends extended over whole grapheme clusters, and the usable-core count under a cgroup quota.
+Expectations are written by hand from the Unicode definitions (UAX #29) and the cgroup file formats."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from service.cpu import cgroup_cpu_limit, usable_cpus
+from service.graphemes import extend_end
+
+WOMAN_TECHNOLOGIST = "\U0001F469\u200d\U0001F4BB"  # 👩‍💻: woman, ZWJ, laptop
+THUMBS_UP_DARK = "\U0001F44D\U0001F3FF"  # 👍🏿
+HEART = "\u2764\ufe0f"  # ❤️ (VS16)
+FLAGS = "\U0001F1EB\U0001F1F7\U0001F1E9\U0001F1EA"  # 🇫🇷🇩🇪
+
+
+@pytest.mark.parametrize(("text", "end", "gold"), [
+    ("Pari\u0301s x", 4, 5),  # combining acute after i
+    ("Paris\u0301 x", 5, 6),
+    ("Paris\u0301\u0327 x", 5, 7),  # two combining marks
+    ("I " + HEART + " it", 3, 4),  # the heart without its VS16
+    ("a " + WOMAN_TECHNOLOGIST + " b", 3, 5),  # cut after the woman: the ZWJ and the laptop join
+    ("a " + WOMAN_TECHNOLOGIST + " b", 4, 5),  # cut after the ZWJ
+    ("ok " + THUMBS_UP_DARK, 4, 5),  # skin tone
+    (FLAGS, 1, 2),  # inside the French flag
+    (FLAGS, 2, 2),  # between two flags: already a boundary
+    (FLAGS, 3, 4),  # inside the German flag
+    ("plain text", 5, 5),
+    ("end", 3, 3),
+    ("", 0, 0),
+])
+def test_span_ends_never_split_a_grapheme_cluster(text, end, gold):
+    assert extend_end(text, end) == gold
+
+
+def _cgroup(tmp_path: Path, files: dict[str, str]) -> Path:
+    for name, content in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(content)
+    return tmp_path
+
+
+def test_cgroup_v2_quota_caps_the_cores(tmp_path):
+    root = _cgroup(tmp_path, {"cpu.max": "150000 100000\n"})
+    assert cgroup_cpu_limit(root) == 1.5
+    assert usable_cpus(root) == min(len(__import__("os").sched_getaffinity(0)), 2)
+    assert usable_cpus(_cgroup(tmp_path / "one", {"cpu.max": "50000 100000\n"})) == 1
+
+
+def test_cgroup_v2_without_quota_and_v1_formats(tmp_path):
+    import os
+
+    cores = len(os.sched_getaffinity(0))
+    assert cgroup_cpu_limit(_cgroup(tmp_path / "max", {"cpu.max": "max 100000\n"})) is None
+    assert usable_cpus(tmp_path / "max") == cores
+    v1 = _cgroup(tmp_path / "v1", {"cpu/cpu.cfs_quota_us": "100000\n", "cpu/cpu.cfs_period_us": "100000\n"})
+    assert cgroup_cpu_limit(v1) == 1.0 and usable_cpus(v1) == 1
+    unlimited = _cgroup(tmp_path / "v1u", {"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"})
+    assert cgroup_cpu_limit(unlimited) is None
+    assert cgroup_cpu_limit(tmp_path / "absent") is None and usable_cpus(tmp_path / "absent") == cores
