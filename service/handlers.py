@@ -50,6 +50,7 @@ class Prepared:
 
 class TaskHandler:
     task: str
+    route: str | None = None  # when not the task's route (two more routes serve embedding models)
 
     def texts(self, raw: Any) -> list[tuple[str, str]]:
         """(field name, text) of one input, for the limit checks."""
@@ -176,6 +177,7 @@ HANDLERS: dict[str, TaskHandler] = {h.task: h for h in (ClassifyHandler(), PairH
 
 MAX_TARGETS = 256  # texts compared with one source (/v1/similarity)
 MAX_CHOICES = 64  # choices of one multiple-choice input (/v1/choice)
+MAX_TOKEN_OUTPUT_INPUTS = 16  # /v1/embed with "output": "tokens" (up to ~4 MB of JSON per input)
 
 
 def _encode_or_413(model: ServedModel, text: str, text_pair: str | None, truncate: bool, where: str):
@@ -203,6 +205,9 @@ class EmbedHandler(_OneText):
 
     def prepare(self, model: ServedModel, raw: str, body: EmbedRequest, index: int) -> Prepared:
         if getattr(body, "output", "sentence") == "tokens":
+            if index >= MAX_TOKEN_OUTPUT_INPUTS:
+                raise ServiceError(ErrorType.TOO_LARGE, f"inputs: \"output\": \"tokens\" takes at most "
+                                   f"{MAX_TOKEN_OUTPUT_INPUTS} inputs per request")
             try:
                 embedding.check_layers(body.layers, int(model.bundle.encoder_config.get("num_hidden_layers", 0)))
             except ValueError as error:
@@ -225,6 +230,8 @@ class EmbedHandler(_OneText):
 
 class OpenAIEmbeddingsHandler(EmbedHandler):
     """/v1/embeddings: the same embeddings; `openai_payload` gives the response OpenAI's shape."""
+
+    route = "/v1/embeddings"
 
     def prepare(self, model: ServedModel, raw: str, body: EmbeddingsRequest, index: int) -> Prepared:
         size = int(model.bundle.encoder_config.get("hidden_size", 0))
@@ -251,6 +258,7 @@ def openai_payload(model_name: str, results: list[dict[str, Any]]) -> dict[str, 
 
 class SimilarityHandler(TaskHandler):
     task = "embedding"
+    route = "/v1/similarity"
 
     def texts(self, raw: SimilarityInput) -> list[tuple[str, str]]:
         return [("source", raw.source)] + [(f"targets[{i}]", t) for i, t in enumerate(raw.targets)]

@@ -151,7 +151,7 @@ async def _compute(model: ServedModel, handler: TaskHandler, inputs: list[Any], 
         futures = model.batcher.submit([item for p in prepared for item in p.items], deadline)
     finally:
         model.batcher.expect(-1)
-    runtime.metrics.request_inputs.labels(ROUTES[handler.task], model.name).inc(len(inputs))
+    runtime.metrics.request_inputs.labels(handler.route or ROUTES[handler.task], model.name).inc(len(inputs))
     try:
         item_results = await asyncio.gather(*futures)
     except BaseException:

@@ -82,6 +82,8 @@ CASES = [
      ["output"]),
     ("embed-layer-out-of-range", "/v1/embed", as_json({"inputs": "x", "output": "tokens", "layers": [-1, 9]}),
      JSON, 422, "validation", ["layer 9"]),
+    ("embed-tokens-too-many-inputs", "/v1/embed", as_json({"inputs": ["x"] * 17, "output": "tokens"}), JSON, 413,
+     "too_large", ["at most 16"]),
     ("embed-layers-without-tokens", "/v1/embed", as_json({"inputs": "x", "layers": [-2]}), JSON, 422,
      "validation", ["tokens"]),
     ("embeddings-token-ids", "/v1/embeddings", as_json({"input": [[101, 102]], "model": "embeddings"}), JSON, 422,
