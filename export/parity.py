@@ -315,7 +315,8 @@ def confidence(spec: TaskSpec, example: ParityExample, outputs: dict[str, list[n
 
     Classification: over the labels (per label for multi-label: distance of the sigmoid from 0.5,
     doubled). NER: the least clear real token of the text. QA: the best span over the n-best spans
-    of all windows. Fill-mask: the least clear [MASK] position.
+    of all windows. Fill-mask: the least clear [MASK] position. Multiple choice: over the choices.
+    Embedding: 1.0 (no discrete answer; its agreement is a cosine).
     """
     def margin(logits: np.ndarray) -> np.ndarray:  # (..., C) -> (...)
         probs = classification.softmax(np.asarray(logits, dtype=np.float64))
@@ -330,6 +331,10 @@ def confidence(spec: TaskSpec, example: ParityExample, outputs: dict[str, list[n
         if kind == classification.MULTI_LABEL:
             return float(np.min(np.abs(classification.sigmoid(logits) - 0.5)) * 2)
         return float(margin(logits))
+    if spec.task == "multiple-choice":
+        return float(margin(outputs["logits"][0]))
+    if spec.task == "embedding":  # no discrete answer: every vector counts (agreement is by cosine)
+        return 1.0
     if spec.task in ("ner", "fill-mask"):
         return float(min(margin(window).min() for window in outputs["logits"]))
     if spec.task == "qa":
