@@ -315,7 +315,8 @@ def confidence(spec: TaskSpec, example: ParityExample, outputs: dict[str, list[n
 
     Classification: over the labels (per label for multi-label: distance of the sigmoid from 0.5,
     doubled). NER: the least clear real token of the text. QA: the best span over the n-best spans
-    of all windows. Fill-mask: the least clear [MASK] position. Multiple choice: over the choices.
+    of all windows. Fill-mask: the least clear [MASK] position. Multiple choice: one score per choice item,
+    compared as a regression (1.0).
     Embedding: 1.0 (no discrete answer; its agreement is a cosine).
     """
     def margin(logits: np.ndarray) -> np.ndarray:  # (..., C) -> (...)
@@ -323,7 +324,7 @@ def confidence(spec: TaskSpec, example: ParityExample, outputs: dict[str, list[n
         top = np.sort(probs, axis=-1)
         return top[..., -1] - top[..., -2]
 
-    if spec.task in ("classification", "pair"):
+    if spec.task in ("classification", "pair", "multiple-choice"):  # a choice is one item with one score
         logits = outputs["logits"][0]
         kind = classification.resolve_problem_type(spec.problem_type, logits.shape[-1])
         if kind == classification.REGRESSION:
@@ -331,8 +332,6 @@ def confidence(spec: TaskSpec, example: ParityExample, outputs: dict[str, list[n
         if kind == classification.MULTI_LABEL:
             return float(np.min(np.abs(classification.sigmoid(logits) - 0.5)) * 2)
         return float(margin(logits))
-    if spec.task == "multiple-choice":
-        return float(margin(outputs["logits"][0]))
     if spec.task == "embedding":  # no discrete answer: every vector counts (agreement is by cosine)
         return 1.0
     if spec.task in ("ner", "fill-mask"):
