@@ -90,8 +90,12 @@ def test_fp32_export_of_each_head_passes_parity(finetuned, repository, task, opt
     assert "CPUExecutionProvider" in bundle.providers_validated
     assert bundle.source["weights_sha256"] == file_sha256(finetuned[task] / "model.safetensors")
     assert bundle.source["dev_metrics"] == spec.dev_metrics
-    assert bundle.encoder_config == {"hidden_size": 384, "num_attention_heads": 12, "num_hidden_layers": 6,
-                                     "intermediate_size": 1536, "max_position_embeddings": 512, "vocab_size": 30522}
+    encoder = {"hidden_size": 384, "num_attention_heads": 12, "num_hidden_layers": 6,
+               "intermediate_size": 1536, "max_position_embeddings": 512, "vocab_size": 30522}
+    # How a sequence head pools (cls: BERT's default); None for the token and span heads.
+    saved = json.loads((finetuned[task] / "config.json").read_text())
+    encoder["classifier_pooling"] = (saved.get("classifier_pooling") or "cls") if task in ("classification", "pair") else None
+    assert bundle.encoder_config == encoder
 
     figures = bundle.parity
     assert figures["passed"] and figures["threshold"] == {"max_abs_diff": 1e-4}
