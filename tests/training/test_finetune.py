@@ -63,7 +63,7 @@ def test_ner_on_wikigold_and_btc(tmp_path):
 
 
 def test_qa_on_squad_windows(tmp_path):
-    out, metrics = _finetune(tmp_path, "qa", "squad/train.json", "squad/dev.json", max_train_examples=150,
+    out, metrics = _finetune(tmp_path, "qa", "squad/train.json", "squad/dev.json", max_train_examples=400,
                              max_eval_examples=40, max_seq_length=192, doc_stride=64, learning_rate=1e-4)
     spec = TaskSpec.load(out)
     assert spec.max_seq_length == 192 and spec.doc_stride == 64 and not spec.version_2_with_negative

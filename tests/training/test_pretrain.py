@@ -128,8 +128,8 @@ def test_finetuning_accepts_the_folder_as_its_base(nsp_run, tmp_path):
     assert report.fresh == ["classifier.weight", "classifier.bias"]  # the encoder and pooler come from pretraining
     assert any(name.startswith("cls.") for name in report.unused)
 
-    settings = FinetuneSettings(task="classification", base=str(out), train_file=SAMPLES / "topic_questions/train.jsonl",
-                                dev_file=SAMPLES / "topic_questions/dev.jsonl", out=tmp_path / "finetuned",
+    settings = FinetuneSettings(task="classification", base=str(out), train_file=SAMPLES / "topics/train.jsonl",
+                                dev_file=SAMPLES / "topics/dev.jsonl", out=tmp_path / "finetuned",
                                 max_train_examples=32, max_eval_examples=16, max_seq_length=32, epochs=1,
                                 batch_size=16, threads=1)
     metrics = run_finetune(settings)
