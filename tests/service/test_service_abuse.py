@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.service.conftest import API_KEY, ServerProcess
 from tests.service.models_for_tests import filler
@@ -105,6 +106,10 @@ def test_qa_at_the_answer_length_cap_on_a_long_context_stays_in_bounded_memory(s
     assert growths[1] < 6, f"peak RSS grew by {growths} MB"
 
 
+# Timing-based: on a shared 2-core machine the ONNX Runtime threads of the same request can starve the probe
+# as much as a held GIL would (CI saw ratios 0.69-1.12), so it runs with `make test-all`, not in CI; the
+# load-independent figure is bench/service_abuse.py --gil (GIL held 188 ms -> 16 ms of a 100k-char NER).
+@pytest.mark.slow
 def test_the_event_loop_answers_probes_while_a_large_text_is_tokenized(server):
     """A 50,000-character NER text (~200 windows) is tokenized, windowed, run and decoded off the event loop: no-op probes
     (/healthz) sent back to back meanwhile keep being answered. Bound: in at least one of three rounds no
