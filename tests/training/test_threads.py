@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 
-from training.threads import cgroup_cpu_quota, default_threads, idle_cores, usable_cores
+from service.cpu import cgroup_cpu_limit as cgroup_cpu_quota
+from service.cpu import usable_cpus as usable_cores
+from training.threads import default_threads, idle_cores
 
 
 def affinity() -> int:
