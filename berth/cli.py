@@ -1,9 +1,9 @@
 """The `berth` command: one entry point, one subcommand per job.
 
-Each subcommand lives beside the code it drives, in a module with
-`add_parser(subparsers) -> argparse.ArgumentParser` that sets `func` (a callable taking the parsed
-args and returning an exit code). Modules import torch only inside `func`, so `berth --help` and
-`berth serve` work in a serving install without torch.
+Each subcommand is a module of berth/commands with `add_parser(subparsers)` that sets `func` (a
+callable taking the parsed args and returning an exit code). Flags come from the command's settings
+model (berth/flags.py). Modules import torch only inside `func`, so `berth --help` and `berth serve`
+work in a serving install without torch.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from berth import __version__
 
 # In the order they appear in `berth --help`.
 SUBCOMMAND_MODULES = [
-    "training.tokenizer_cli",
-    "training.pretrain_cli",
-    "training.finetune_cli",
-    "training.plot_cli",
-    "export.cli",
-    "training.build_defaults",
-    "service.cli",
+    "berth.commands.tokenizer",
+    "berth.commands.pretrain",
+    "berth.commands.finetune",  # finetune and evaluate
+    "berth.commands.plot",
+    "berth.commands.export",
+    "berth.commands.build_defaults",
+    "berth.commands.serve",
 ]
 
 

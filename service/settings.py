@@ -25,13 +25,13 @@ class ServiceSettings(BaseModel):
     models: Path = Field(Path("models"), description="model repository: a folder of bundles (one sub-folder each)")
     model_names: list[str] | None = Field(None, description="serve only these bundles (default: all of them)")
     host: str = Field("127.0.0.1", description="interface to listen on")
-    port: int = Field(8000, ge=0, le=65535)
+    port: int = Field(8000, ge=0, le=65535, description="TCP port (0: any free one)")
 
     # -- dynamic batching (per model)
     max_batch_size: int = Field(32, ge=1, description="most items (sequences) in one forward pass")
     max_batch_tokens: int = Field(8192, ge=1, description="most padded tokens (items x bucket length) in one pass")
     max_wait_ms: float = Field(
-        2.0, ge=0, description="how long a batch may wait for more items, only while requests that are being "
+        2.0, ge=0, description="milliseconds a batch may wait for more items, only while requests that are being "
                                "tokenized for this model are known to be coming (never when the queue is idle)")
     length_buckets: list[int] = Field(
         [16, 32, 64, 128, 256, 384, 512],
@@ -41,7 +41,7 @@ class ServiceSettings(BaseModel):
     pad_multiple: int = Field(8, ge=1, description="on the CPU a batch is padded to its longest item, rounded up "
                                                    "to a multiple of this")
     max_queue_items: int = Field(2048, ge=1, description="items waiting per model; beyond, 429 + Retry-After")
-    retry_after_s: int = Field(1, ge=1, description="the least Retry-After (seconds) on 429/503")
+    retry_after_s: int = Field(1, ge=1, description="the least Retry-After on 429/503, in seconds")
 
     # -- request limits
     max_inputs_per_request: int = Field(256, ge=1, description="inputs in one request's list (else 413)")
@@ -58,11 +58,11 @@ class ServiceSettings(BaseModel):
     max_concurrent_requests: int = Field(
         256, ge=1, description="/v1 requests in progress at once; beyond, 503 + Retry-After before the body is read")
     body_read_timeout_s: float = Field(
-        10.0, gt=0, description="a request body not fully received within this time gets 408")
+        10.0, gt=0, description="seconds to receive a request body; beyond, 408")
     max_consecutive_failures: int = Field(
         5, ge=1, description="failed forward passes in a row after which a model reports not ready (/readyz 503)")
-    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="request body size (else 413)")
-    request_timeout_s: float = Field(30.0, gt=0, description="a request not answered by then gets 504")
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="request body size in bytes (else 413)")
+    request_timeout_s: float = Field(30.0, gt=0, description="seconds to answer a request; beyond, 504")
     tokenize_in_thread_chars: int = Field(
         2000, ge=0, description="requests with more characters than this are tokenized in the tokenizer worker "
                                 "thread (GIL released), not on the event loop")
@@ -71,7 +71,7 @@ class ServiceSettings(BaseModel):
     api_key: SecretStr | None = Field(None, description="when set, /v1 routes need `Authorization: Bearer <key>`; "
                                                       "an empty key is refused at start")
     log_json: bool = Field(False, description="one JSON object per log line")
-    log_level: str = Field("info")
+    log_level: str = Field("info", description="debug | info | warning | error")
     playground: bool = Field(True, description="serve the playground page at / (false: 404, for locked-down "
                                                "deployments)")
 
@@ -91,9 +91,9 @@ class ServiceSettings(BaseModel):
 
     # -- shutdown
     drain_delay_s: float = Field(
-        0.0, ge=0, description="on SIGTERM: keep serving this long with /readyz 503 so load balancers notice")
+        0.0, ge=0, description="on SIGTERM: seconds to keep serving with /readyz 503, so load balancers notice")
     shutdown_timeout_s: float = Field(
-        20.0, ge=0, description="after the drain delay: how long in-flight work may take; 0: do not wait")
+        20.0, ge=0, description="after the drain delay: seconds in-flight work may take; 0: do not wait")
 
     @field_validator("length_buckets")
     @classmethod

@@ -1,8 +1,8 @@
-"""Fine-tune a BERT checkpoint into a task head and evaluate it: the engine of `berth finetune`.
+"""Fine-tune a BERT model folder into a task head and evaluate it: the engine of `berth finetune`.
 
 The task layer (tasks/) turns examples into features and predictions into answers and metrics;
 training/task_data.py adapts it to torch; training/trainer.py is the one training loop. This
-module wires them: base checkpoint -> head -> train -> evaluate on dev -> a Hugging Face folder
+module wires them: base model folder -> head -> train -> evaluate on dev -> a Hugging Face folder
 with berth_task.json (labels, task settings, dev metrics) and the run's config.
 """
 
@@ -13,63 +13,12 @@ import logging
 import shutil
 import time
 from pathlib import Path
-from typing import Literal
 
-from pydantic import BaseModel, Field
+from training.settings import FinetuneSettings
+
+__all__ = ["FinetuneSettings", "run_finetune"]  # FinetuneSettings: imported from here by callers
 
 log = logging.getLogger("berth.finetune")
-
-FinetuneTask = Literal["classification", "pair", "ner", "qa", "multiple-choice"]
-
-
-class FinetuneSettings(BaseModel):
-    """Defaults follow the BERT paper's fine-tuning recipe (AdamW, warmup 10%, batch 32, 3 epochs)."""
-
-    task: FinetuneTask
-    train_file: Path
-    dev_file: Path | None = None
-    out: Path
-    base: str = Field("default", description="a Hugging Face BERT folder, a berth pretrained folder, or 'default'")
-    data_format: str = Field("auto", description="auto | sst2 | mrpc | table (csv/tsv/jsonl) | conll | squad")
-    text_column: str = "text"
-    text_pair_column: str = "text_pair"
-    label_column: str = "label"
-    labels: list[str] | None = Field(None, description="label names in order (default: as found in train)")
-    regression: bool = False
-    max_seq_length: int | None = Field(None, description="default: 384 for qa, 128 otherwise")
-    doc_stride: int | None = Field(None, description="qa: context tokens shared by windows (default 128); "
-                                   "ner: window overlap when serving long texts (default max_seq_length // 4)")
-    max_query_length: int = 64
-    label_all_tokens: bool = Field(True, description="ner: train every sub-token (B-X continued as I-X), not only "
-                                   "a word's first, so token-level entity grouping (the service's `simple`) is "
-                                   "trained too; dev scores use each word's first sub-token either way")
-    version_2_with_negative: bool | None = Field(None, description="qa: default from the data")
-    epochs: float = 3.0
-    learning_rate: float = 5e-5
-    batch_size: int = 32
-    grad_accum_steps: int = 1
-    warmup_ratio: float = 0.1
-    weight_decay: float = 0.01
-    max_train_examples: int | None = None
-    max_eval_examples: int | None = None
-    max_minutes: float | None = Field(None, description="training-time budget in minutes")
-    fit_to_budget: bool = Field(True, description="with max_minutes: shorten the schedule to end at the budget "
-                                "(warmup and decay kept whole) instead of cutting it off mid-way")
-    seed: int = 42
-    pooling: Literal["auto", "cls", "mean"] = Field(
-        "auto", description="classification/pair heads: cls (tanh pooler over [CLS]) or mean (average of the "
-        "token states); auto: what the base was trained with (see default_pooling)")
-    group_by_length: bool = Field(True, description="batches of similar lengths: less padding, same examples")
-    threads: int | None = None
-    device: str = "auto"
-
-    def effective_max_seq_length(self) -> int:
-        return self.max_seq_length or (384 if self.task == "qa" else 128)
-
-    def effective_doc_stride(self) -> int:
-        if self.doc_stride is not None:
-            return self.doc_stride
-        return 128 if self.task == "qa" else self.effective_max_seq_length() // 4
 
 
 def resolve_base(base: str) -> Path:
@@ -78,7 +27,7 @@ def resolve_base(base: str) -> Path:
 
     path = default_base_path() if base == "default" else Path(base)
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path}: not a BERT checkpoint folder (no config.json)")
+        raise FileNotFoundError(f"{path}: not a BERT model folder (no config.json)")
     return path
 
 
@@ -117,10 +66,10 @@ def run_finetune(settings: FinetuneSettings) -> dict[str, float]:
     from training import model as models
     from training import task_data
     from training.checkpoint import load_pretrained, save_pretrained
-    from training.trainer import TrainSettings, train
+    from training.trainer import train
 
-    if settings.threads:
-        torch.set_num_threads(settings.threads)
+    if settings.num_threads:
+        torch.set_num_threads(settings.num_threads)
     torch.manual_seed(settings.seed)
     base = resolve_base(settings.base)
     tokenizer = load_tokenizer(base)
@@ -146,21 +95,7 @@ def run_finetune(settings: FinetuneSettings) -> dict[str, float]:
 
     dataset = adapter.features(train_examples, spec, training=True)
     out = Path(settings.out)
-    train_settings = TrainSettings(
-        output_dir=out / "train_state",
-        seed=settings.seed,
-        epochs=settings.epochs,
-        max_minutes=settings.max_minutes,
-        fit_schedule_to_budget=settings.fit_to_budget,
-        batch_size=settings.batch_size,
-        grad_accum_steps=settings.grad_accum_steps,
-        learning_rate=settings.learning_rate,
-        warmup_ratio=settings.warmup_ratio,
-        weight_decay=settings.weight_decay,
-        device=settings.device,
-        num_threads=settings.threads,
-        group_by_length=settings.group_by_length,
-    )
+    train_settings = settings.loop_settings(out / "train_state")
     started = time.time()
     result = train(model, dataset, getattr(adapter, "collate", task_data.collate), train_settings)
     train_minutes = (time.time() - started) / 60

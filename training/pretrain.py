@@ -20,16 +20,15 @@ import platform
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, Field, model_validator
 from tokenizers import Tokenizer
 
-from training.config import PRESETS, BertConfig
-from training.corpus import DEFAULT_MAX_DOCUMENT_CHARS, corpus_files
-from training.masking import IGNORE_INDEX, MaskingSettings, MaskingVocab
+from training.corpus import corpus_files
+from training.masking import IGNORE_INDEX, MaskingVocab
 from training.pretraining_data import PretrainingDataset, PretrainingInstances, build_pretraining_instances
+from training.settings import PretrainSettings
 
 log = logging.getLogger("berth.pretrain")
 
@@ -37,119 +36,6 @@ REPO = Path(__file__).resolve().parents[1]
 RUN_FILE = "pretrain_run.json"  # settings, seed, git revision, data and model facts, final evaluation
 EVAL_FILE = "pretrain_eval.json"  # the latest held-out evaluation
 CURVES = ("mlm_accuracy", "mlm_loss", "nsp_accuracy", "nsp_loss")  # logged at every evaluation during training
-
-
-class PretrainSettings(BaseModel):
-    """Defaults: the CPU recipe of docs/PRETRAINING.md (mini model, 128 tokens, high learning rate)."""
-
-    corpus: list[Path] = Field(default_factory=list, description="text files or folders (searched for *.txt)")
-    out: Path
-    corpus_format: Literal["text", "bert"] = "text"
-    max_document_chars: int | None = DEFAULT_MAX_DOCUMENT_CHARS
-    heldout_fraction: float = Field(0.03, description="documents held out for evaluation")
-    # Tokenizer: reuse one, or train a WordPiece vocabulary on the corpus.
-    tokenizer: Path | None = Field(None, description="a tokenizer.json / vocab.txt or a folder holding one")
-    vocab_size: int = 30522
-    lowercase: bool = True
-    min_frequency: int = 2
-    # Model: a named size, optionally with explicit L / H / A / intermediate size.
-    preset: str = "mini"
-    num_layers: int | None = None
-    hidden_size: int | None = None
-    num_heads: int | None = None
-    intermediate_size: int | None = None
-    # Objective and data.
-    nsp: bool = Field(True, description="False: MLM only on single segments (the paper's ablation)")
-    max_seq_length: int = 128
-    short_seq_prob: float = 0.1
-    dupe_factor: int = 1
-    masked_lm_prob: float = 0.15
-    max_predictions_per_seq: int | None = Field(
-        None, description="masked positions per sequence at most; None: 20 per 128 tokens (Google's 20 at 128, "
-        "80 at 512); a value below masked_lm_prob x max_seq_length is kept but warned about")
-    # The paper's two-phase schedule: after the steps at max_seq_length, this share of extra steps at
-    # phase2_seq_length, so that the position embeddings past max_seq_length get trained.
-    phase2_seq_length: int | None = Field(None, description="e.g. 512; None: one phase")
-    phase2_fraction: float = Field(0.1, gt=0, lt=1, description="share of all steps in phase 2 (the paper: 10%)")
-    whole_word_mask: bool = False
-    # Training.
-    batch_size: int = 32
-    grad_accum_steps: int = 1
-    epochs: float | None = None
-    max_steps: int | None = None
-    max_minutes: float | None = None
-    learning_rate: float = 5e-4
-    warmup_ratio: float = 0.05
-    warmup_steps: int | None = None
-    weight_decay: float = 0.01
-    max_grad_norm: float = 1.0
-    seed: int = 12345
-    threads: int | None = None
-    device: str = "auto"
-    log_every_steps: int = 10
-    eval_every_steps: int | None = Field(None, description="held-out evaluation during training")
-    save_every_steps: int | None = None
-    resume: bool = True
-    # Held-out evaluation.
-    eval_mask_seed: int = 20181011  # fixed: the same masked positions in every evaluation
-    eval_batch_size: int = 64
-    eval_max_instances: int | None = Field(None, description="cap for evaluations during training")
-
-    @model_validator(mode="after")
-    def _check(self) -> PretrainSettings:
-        if self.preset not in PRESETS:
-            raise ValueError(f"unknown preset {self.preset!r}; choose from {', '.join(PRESETS)}")
-        if self.phase2_seq_length is not None:
-            if self.max_steps is None:
-                raise ValueError("the two-phase schedule (phase2_seq_length) needs max_steps: the steps of both phases")
-            if self.phase2_seq_length <= self.max_seq_length:
-                raise ValueError("phase2_seq_length must be longer than max_seq_length")
-        if self.epochs is None and self.max_steps is None:
-            self.epochs = 1.0
-        return self
-
-    def phase_steps(self) -> tuple[int, int]:
-        """(steps at max_seq_length, steps at phase2_seq_length): the paper's 90% / 10% by default."""
-        if self.phase2_seq_length is None or self.max_steps is None:
-            return self.max_steps or 0, 0
-        second = max(1, round(self.max_steps * self.phase2_fraction))
-        return self.max_steps - second, second
-
-    def bert_config(self, vocab_size: int) -> BertConfig:
-        """The preset with any explicit L / H / A / intermediate size; A defaults to H / 64."""
-        longest = max(512, self.max_seq_length, self.phase2_seq_length or 0)
-        overrides: dict[str, Any] = {"vocab_size": vocab_size, "max_position_embeddings": longest}
-        if self.num_layers:
-            overrides["num_hidden_layers"] = self.num_layers
-        if self.hidden_size:
-            overrides["hidden_size"] = self.hidden_size
-            overrides.setdefault("intermediate_size", 4 * self.hidden_size)
-            overrides["num_attention_heads"] = max(1, self.hidden_size // 64)
-        if self.num_heads:
-            overrides["num_attention_heads"] = self.num_heads
-        if self.intermediate_size:
-            overrides["intermediate_size"] = self.intermediate_size
-        return BertConfig.preset(self.preset, **overrides)
-
-    def masking(self, seq_length: int | None = None) -> MaskingSettings:
-        return MaskingSettings(masked_lm_prob=self.masked_lm_prob,
-                               max_predictions_per_seq=self.predictions_per_seq(seq_length or self.max_seq_length),
-                               whole_word=self.whole_word_mask)
-
-    def predictions_per_seq(self, seq_length: int) -> int:
-        """The cap on masked positions for `seq_length`-token sequences: explicit, or 20 per 128 tokens.
-
-        An explicit cap below masked_lm_prob x seq_length masks fewer than the intended share of a full
-        sequence (e.g. 20 at 512 tokens: 4% instead of 15%): kept, with a warning.
-        """
-        if self.max_predictions_per_seq is None:
-            return max(1, math.ceil(20 * seq_length / 128))
-        wanted = round(self.masked_lm_prob * seq_length)
-        if self.max_predictions_per_seq < wanted:
-            log.warning("max_predictions_per_seq=%d masks at most %.1f%% of a %d-token sequence (masked_lm_prob "
-                        "%.2f wants %d); leave it unset to scale it with the length", self.max_predictions_per_seq,
-                        100 * self.max_predictions_per_seq / seq_length, seq_length, self.masked_lm_prob, wanted)
-        return self.max_predictions_per_seq
 
 
 # --- data ---------------------------------------------------------------------------------------------
@@ -164,7 +50,7 @@ def prepare_tokenizer(settings: PretrainSettings) -> Tokenizer:
     if settings.tokenizer is not None:
         tokenizer = load_tokenizer(settings.tokenizer)
         log.info("tokenizer: %s (%d tokens)", settings.tokenizer, tokenizer.get_vocab_size())
-    elif settings.resume and (out / "tokenizer.json").is_file():
+    elif settings.resume != "never" and (out / "tokenizer.json").is_file():
         tokenizer = load_tokenizer(out)
         log.info("tokenizer: reusing %s (%d tokens) to resume; pass resume=False (--no-resume) to train "
                  "a new one", out / "tokenizer.json", tokenizer.get_vocab_size())
@@ -320,10 +206,10 @@ def run_pretrain(settings: PretrainSettings) -> dict[str, Any]:
     from training.checkpoint import save_pretrained
     from training.distributed import barrier, setup_distributed, teardown_distributed
     from training.pretraining_data import collate
-    from training.trainer import TrainSettings, train
+    from training.trainer import train
 
-    if settings.threads:
-        torch.set_num_threads(settings.threads)
+    if settings.num_threads:
+        torch.set_num_threads(settings.num_threads)
     out = Path(settings.out)
     files = corpus_files(settings.corpus)
     if not files:
@@ -364,16 +250,7 @@ def run_pretrain(settings: PretrainSettings) -> dict[str, Any]:
             return {k: v for k, v in metrics.items() if k in CURVES}
 
         phase1_steps, phase2_steps = settings.phase_steps()
-        train_settings = TrainSettings(
-            output_dir=out, seed=settings.seed, epochs=settings.epochs, max_steps=phase1_steps or settings.max_steps,
-            max_minutes=settings.max_minutes, batch_size=settings.batch_size,
-            grad_accum_steps=settings.grad_accum_steps, learning_rate=settings.learning_rate,
-            warmup_ratio=settings.warmup_ratio, warmup_steps=settings.warmup_steps,
-            weight_decay=settings.weight_decay, max_grad_norm=settings.max_grad_norm, device=settings.device,
-            log_every_steps=settings.log_every_steps, eval_every_steps=settings.eval_every_steps,
-            save_every_steps=settings.save_every_steps, keep_last_checkpoints=1,
-            resume="auto" if settings.resume else "never", num_threads=settings.threads,
-        )
+        train_settings = settings.loop_settings(out, max_steps=phase1_steps or settings.max_steps)
         collate_fn = collate if settings.nsp else collate_without_nsp
         result = train(model, dataset, collate_fn, train_settings, evaluate=evaluate if heldout is not None else None)
         phase2 = None

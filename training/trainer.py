@@ -38,11 +38,10 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
 from training.distributed import (
@@ -55,6 +54,7 @@ from training.distributed import (
     shard,
     teardown_distributed,
 )
+from training.settings import TrainSettings
 from training.threads import default_threads
 
 log = logging.getLogger(__name__)
@@ -65,51 +65,6 @@ METRICS_FILE = "metrics.jsonl"
 SETTINGS_FILE = "train_settings.json"
 FINAL_MODEL_DIR = "final_model"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
-
-
-class TrainSettings(BaseModel):
-    """Settings of one training run. Batch sizes are per device; see `effective_batch_size`."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    output_dir: Path
-    seed: int = Field(42, ge=0)
-    epochs: float | None = Field(None, gt=0, description="may be fractional; 1 when neither this nor max_steps is set")
-    max_steps: int | None = Field(None, gt=0, description="optimizer steps; with epochs, the smaller wins")
-    max_minutes: float | None = Field(None, gt=0, description="training-time budget, counted across resumes")
-    fit_schedule_to_budget: bool = Field(False, description="with max_minutes: measure the step speed and shorten "
-                                         "the plan so that warmup + decay end at the budget (else: cut mid-schedule)")
-    batch_size: int = Field(32, gt=0, description="examples per micro-batch per device")
-    grad_accum_steps: int = Field(1, gt=0)
-    learning_rate: float = Field(5e-5, gt=0)
-    warmup_ratio: float = Field(0.0, ge=0, le=1)
-    warmup_steps: int | None = Field(None, ge=0, description="overrides warmup_ratio")
-    weight_decay: float = 0.01
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_epsilon: float = 1e-8
-    max_grad_norm: float | None = Field(1.0, description="None or 0: no clipping")
-    amp: Literal["auto", "bf16", "fp16", "off"] = "auto"
-    save_every_steps: int | None = Field(None, gt=0, description="a checkpoint is also written at the end")
-    log_every_steps: int = Field(10, gt=0)
-    eval_every_steps: int | None = Field(None, gt=0, description="evaluation also runs at the end")
-    keep_last_checkpoints: int | None = Field(2, gt=0, description="None keeps all")
-    num_workers: int = Field(0, ge=0)
-    device: str = "auto"
-    resume: str = Field("auto", description='"auto" (latest checkpoint in output_dir, if any), "never", or a checkpoint folder')
-    progress_bar: bool = Field(True, description="shown on rank 0 when stderr is a terminal")
-    num_threads: int | None = Field(None, gt=0, description="torch intra-op threads; None: every usable core "
-                                    "(affinity and cgroup quota, shared by torchrun's local ranks)")
-    group_by_length: bool = Field(False, description="micro-batches of similar lengths (less padding); the "
-                                  "dataset gives lengths via lengths() or len(item)")
-    length_group_batches: int = Field(50, gt=0, description="group_by_length: batches per sorted chunk")
-    ddp_find_unused_parameters: bool = False
-
-    @model_validator(mode="after")
-    def _default_length(self) -> TrainSettings:
-        if self.epochs is None and self.max_steps is None:
-            self.epochs = 1.0
-        return self
 
 
 @dataclass
@@ -808,7 +763,7 @@ class _Run:
         self.last_checkpoint, self.last_saved_step = folder, self.step
 
     def _prune_checkpoints(self) -> None:
-        keep = self.settings.keep_last_checkpoints
+        keep = self.settings.keep_last_states
         if keep:
             for old in list_checkpoints(self.output_dir)[:-keep]:
                 shutil.rmtree(old, ignore_errors=True)

@@ -4,7 +4,7 @@ import json
 import time
 from pathlib import Path
 
-import training.build_defaults as b
+import berth.build_defaults as b
 
 recipe = next(r for r in b.SAMPLE_RECIPES if r.name == "entities")
 work, out = Path("/tmp/final/work-entities"), Path("/tmp/final/models")

@@ -4,7 +4,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-import training.build_defaults as b
+import berth.build_defaults as b
 
 squad = next(r for r in b.SAMPLE_RECIPES if r.name == "squad")
 b.SAMPLE_RECIPES = [dataclasses.replace(squad, options={**squad.options, "max_train_examples": int(sys.argv[1]),

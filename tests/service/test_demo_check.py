@@ -48,7 +48,7 @@ def test_demo_items_are_hand_written_gold_and_not_in_the_training_samples():
 
 
 def test_a_bundle_under_its_quality_floor_is_listed_and_logged(bundle_repository, tmp_path):
-    from training.build_defaults import _record_quality
+    from berth.build_defaults import _record_quality
 
     repository = tmp_path / "repository"
     for name in ("sentiment", "reader"):

@@ -31,7 +31,7 @@ def test_settings_defaults_env_and_overrides():
 
 
 def test_importing_the_service_does_not_import_torch():
-    code = ("import sys, service.app, service.cli, service.routes; "
+    code = ("import sys, service.app, berth.commands.serve, service.routes; "
             "from service.app import create_app; create_app(); "
             "assert 'torch' not in sys.modules, 'torch was imported'; print('ok')")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from berth.cli import SUBCOMMAND_MODULES
+from berth.commands import plot as plot_cli
 from tests.training.tiny_training import MaskedTokens, collate, tiny_pretraining_model
-from training import plot_cli
 from training.plot import plot_metrics, read_metrics
 from training.trainer import METRICS_FILE, TrainSettings, train
 
@@ -61,7 +61,7 @@ def test_a_torn_last_line_is_skipped(tmp_path):
 
 
 def test_berth_plot_command(run_folder, tmp_path, capsys):
-    assert "training.plot_cli" in SUBCOMMAND_MODULES
+    assert "berth.commands.plot" in SUBCOMMAND_MODULES
     parser = argparse.ArgumentParser(prog="berth")
     plot_cli.add_parser(parser.add_subparsers())
     args = parser.parse_args(["plot", str(run_folder), "-o", str(tmp_path / "cli.png"), "--keys", "loss,mlm_accuracy"])

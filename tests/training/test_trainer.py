@@ -48,7 +48,7 @@ REPO = Path(__file__).resolve().parents[2]
 # single micro-batch; 3 epochs = 18 steps. Checkpoints every 4 steps land mid-epoch (step 8 is 4 of 11
 # micro-batches into epoch 1).
 RESUME_SETTINGS = {"seed": 7, "epochs": 3, "batch_size": 4, "grad_accum_steps": 2, "learning_rate": 2e-3,
-                   "warmup_ratio": 0.1, "log_every_steps": 1, "save_every_steps": 4, "keep_last_checkpoints": 2,
+                   "warmup_ratio": 0.1, "log_every_steps": 1, "save_every_steps": 4, "keep_last_states": 2,
                    "num_threads": 1}
 
 
@@ -112,7 +112,7 @@ def test_resume_after_kill_is_exact(tmp_path, group_by_length):
 
 def test_metrics_log_and_checkpoint_contents(tmp_path):
     settings = TrainSettings(output_dir=tmp_path, progress_bar=False, seed=1, max_steps=5, batch_size=4,
-                             log_every_steps=2, eval_every_steps=3, save_every_steps=2, keep_last_checkpoints=1)
+                             log_every_steps=2, eval_every_steps=3, save_every_steps=2, keep_last_states=1)
     calls = []
 
     def evaluate(model):
@@ -136,7 +136,7 @@ def test_metrics_log_and_checkpoint_contents(tmp_path):
     assert result.final_loss == train_lines[-1]["loss"] and result.final_eval == {"dev_score": 0.5}
     assert result.steps == 5 and result.effective_batch_size == 4 and result.tokens_per_s > 0
     assert result.last_checkpoint == tmp_path / CHECKPOINTS_DIR / "step-00000005"
-    assert list_checkpoints(tmp_path) == [result.last_checkpoint]  # keep_last_checkpoints=1
+    assert list_checkpoints(tmp_path) == [result.last_checkpoint]  # keep_last_states=1
     state = load_checkpoint(result.last_checkpoint)
     assert state["step"] == 5 and set(state) >= {"model", "optimizer", "scheduler", "scaler", "rng"}
     assert torch.load(tmp_path / FINAL_MODEL_DIR / "weights.pt", weights_only=True).keys() == state["model"].keys()

@@ -17,28 +17,31 @@ import os
 import signal
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-SETTING_FLAGS = {  # flag -> (settings field, type, help)
-    "--models": ("models", Path, "model repository: a folder of bundles (BERTH_MODELS; default: models)"),
-    "--host": ("host", str, "interface to listen on (default 127.0.0.1)"),
-    "--port": ("port", int, "port (default 8000)"),
-    "--max-batch-size": ("max_batch_size", int, "most items in one forward pass (default 32)"),
-    "--max-batch-tokens": ("max_batch_tokens", int, "most padded tokens in one forward pass (default 8192)"),
-    "--max-wait-ms": ("max_wait_ms", float, "longest wait for a batch to fill (default 2)"),
-    "--max-queue-items": ("max_queue_items", int, "queued items per model before 429 (default 2048)"),
-    "--max-inputs": ("max_inputs_per_request", int, "inputs per request (default 256)"),
-    "--max-chars": ("max_chars_per_input", int, "characters per input (default 100000)"),
-    "--max-body-bytes": ("max_body_bytes", int, "request body bytes (default 4 MiB)"),
-    "--request-timeout": ("request_timeout_s", float, "seconds before a request gets 504 (default 30)"),
-    "--threads": ("intra_op_threads", int, "ONNX Runtime intra-op threads per model (default 0: all cores)"),
-    "--device": ("device", str, "auto | cpu | cuda (default auto)"),
-    "--drain-delay": ("drain_delay_s", float, "seconds to keep serving with /readyz 503 after SIGTERM (default 0)"),
-    "--shutdown-timeout": ("shutdown_timeout_s", float, "seconds, after the drain delay, to finish in-flight work "
-                                                       "(default 20; 0: do not wait)"),
-    "--log-level": ("log_level", str, "debug | info | warning | error (default info)"),
+from berth.flags import add_settings_flags, given_settings
+from service.settings import ENV_PREFIX, ServiceSettings
+
+FLAG_NAMES = {  # the flags' short names; every other setting is --its-name
+    "model_names": "--model", "max_inputs_per_request": "--max-inputs", "max_chars_per_input": "--max-chars",
+    "request_timeout_s": "--request-timeout", "intra_op_threads": "--threads", "drain_delay_s": "--drain-delay",
+    "shutdown_timeout_s": "--shutdown-timeout",
 }
+GROUPS = {
+    "what to serve, where": ["models", "model_names", "host", "port", "device", "warmup", "playground"],
+    "dynamic batching (per model)": ["max_batch_size", "max_batch_tokens", "max_wait_ms", "length_buckets",
+                                     "pad_multiple", "max_queue_items", "retry_after_s"],
+    "request limits": ["max_inputs_per_request", "max_chars_per_input", "max_chars_per_request",
+                       "max_tokens_per_request", "max_items_per_request", "max_answer_length_cap",
+                       "max_concurrent_requests", "body_read_timeout_s", "max_body_bytes", "request_timeout_s",
+                       "tokenize_in_thread_chars", "max_consecutive_failures"],
+    "ONNX Runtime and threads": ["intra_op_threads", "tokenizer_threads", "ort_spinning"],
+    "logs and shutdown": ["log_level", "log_json", "drain_delay_s", "shutdown_timeout_s"],
+}
+OPTIONS = {  # --model NAME, repeated (as before), not a comma-separated list
+    "model_names": {"action": "append", "metavar": "NAME", "help": "serve only this bundle (repeat for several)"},
+}
+NOT_FLAGS = ["api_key"]  # read from BERTH_API_KEY only, so it never shows in a process listing
 
 
 class JsonFormatter(logging.Formatter):
@@ -64,19 +67,9 @@ def configure_logging(level: str, as_json: bool) -> dict[str, Any]:
     return {"version": 1, "disable_existing_loggers": False}
 
 
-def settings_from_args(args: argparse.Namespace):
-    from service.settings import ServiceSettings
-
-    overrides = {field: getattr(args, field) for field, _, _ in SETTING_FLAGS.values()}
-    if args.model_names:
-        overrides["model_names"] = args.model_names
-    if args.no_warmup:
-        overrides["warmup"] = False
-    if args.log_json:
-        overrides["log_json"] = True
-    if args.ort_spinning:
-        overrides["ort_spinning"] = True
-    return ServiceSettings.from_env(**overrides)
+def settings_from_args(args: argparse.Namespace) -> ServiceSettings:
+    """Defaults, then BERTH_* variables, then the flags given."""
+    return ServiceSettings.from_env(**given_settings(args, ServiceSettings))
 
 
 log = logging.getLogger("berth.service")
@@ -148,14 +141,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "POST /v1/classify, /v1/pair, /v1/ner, /v1/qa; GET /v1/models, /healthz, /readyz, /metrics, "
                     "/docs. Each flag has a BERTH_* environment variable (e.g. BERTH_MAX_BATCH_SIZE); set "
                     "BERTH_API_KEY to require `Authorization: Bearer <key>` on /v1.")
-    for flag, (field, kind, text) in SETTING_FLAGS.items():
-        p.add_argument(flag, dest=field, type=kind, default=None, help=text)
-    p.add_argument("--model", dest="model_names", action="append", metavar="NAME",
-                   help="serve only this bundle (repeat for several; BERTH_MODEL_NAMES=a,b)")
-    p.add_argument("--no-warmup", action="store_true", help="report ready without warming up the length buckets")
-    p.add_argument("--log-json", action="store_true", help="one JSON object per log line (BERTH_LOG_JSON=1)")
-    p.add_argument("--ort-spinning", action="store_true",
-                   help="let idle ONNX Runtime threads busy-wait (BERTH_ORT_SPINNING=1; only for cores nothing else "
-                        "needs)")
+    add_settings_flags(p, ServiceSettings, groups=GROUPS, names=FLAG_NAMES, options=OPTIONS, exclude=NOT_FLAGS,
+                       env_prefix=ENV_PREFIX)
     p.set_defaults(func=run)
     return p

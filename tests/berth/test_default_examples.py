@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
+from berth.build_defaults import EMBEDDINGS_BUNDLE, EXAMPLES, SAMPLE_RECIPES, SHARED_RECIPES
 from tasks.bundle import check_examples
-from training.build_defaults import EMBEDDINGS_BUNDLE, EXAMPLES, SAMPLE_RECIPES, SHARED_RECIPES
 
 
 def test_every_default_model_has_valid_examples():

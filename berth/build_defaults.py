@@ -13,7 +13,6 @@ if it is still under, its bundle says so (`quality.below_floor`) and the service
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import logging
@@ -21,12 +20,33 @@ import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = REPO / "data" / "samples"
 EXAMPLES = SAMPLES / "examples.json"  # model name -> example inputs written into its bundle (the playground's)
 RECORD_FILE = "build_record.json"  # in --work: per-model minutes (wall and CPU), dev metrics, floors, machine
 log = logging.getLogger("berth.build_defaults")
+
+
+class BuildDefaultsSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    out: Path = Field(Path("models"), description="model repository folder the bundles go to")
+    work: Path = Field(Path("runs/defaults"), description="where the fine-tuned model folders and the build "
+                       "record go")
+    data_dir: Path | None = Field(None, description="train on the full research sets in this folder (e.g. "
+                                  "../shared/data) instead of the shipped samples")
+    only: list[str] | None = Field(None, description="build only these bundles, by name")
+    force: bool = Field(False, description="rebuild bundles that exist")
+    precision: Literal["auto", "fp32", "fp16", "int8"] = Field(
+        "auto", description="auto: fp16 with CUDA, else int8 (fp32 when that fails its parity gate)")
+    threads: int | None = Field(None, gt=0, description="CPU threads for training (default: every usable core)")
+    minutes_per_model: float | None = Field(
+        None, gt=0, description="training budget of every recipe, in minutes: epochs cut to fit, warmup and decay "
+        "kept whole (e.g. 10 to check the --data-dir recipes quickly)")
 
 
 @dataclass(frozen=True)
@@ -80,7 +100,7 @@ SHARED_RECIPES = [
 def build_defaults(out: Path, work: Path, data_dir: Path | None = None, only: list[str] | None = None,
                    force: bool = False, precision: str = "auto", threads: int | None = None,
                    minutes_per_model: float | None = None) -> list[Path]:
-    """Build each missing bundle into `out/<name>`; fine-tuned checkpoints go to `work/<name>`.
+    """Build each missing bundle into `out/<name>`; fine-tuned model folders go to `work/<name>`.
 
     `minutes_per_model` replaces every recipe's training budget; the schedule is fitted to it.
     """
@@ -108,9 +128,9 @@ def build_defaults(out: Path, work: Path, data_dir: Path | None = None, only: li
         print(f"{tag}: fine-tuning {recipe.task} on {root / recipe.train} "
               f"(expected ~{recipe.minutes:g} min on 2 idle cores; {eta.remaining_text()})", flush=True)
         started, cpu_started = time.time(), _cpu_seconds()
-        checkpoint, metrics, quality = _train_to_floor(recipe, root, work, threads, tag)
+        model_folder, metrics, quality = _train_to_floor(recipe, root, work, threads, tag)
         bundle = out / recipe.name
-        _export(checkpoint, bundle, precision, automatic, tag, examples.get(recipe.name))
+        _export(model_folder, bundle, precision, automatic, tag, examples.get(recipe.name))
         _record_quality(bundle, quality)
         eta.done(time.time() - started)
         # CPU time says what the wall clock would have been on idle cores: on a shared machine it is the
@@ -183,7 +203,7 @@ def _machine() -> dict:
 
     import torch
 
-    from training.pretrain import git_revision
+    from training.provenance import git_revision
 
     return {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "processor": _cpu_model() or platform.processor(),
             "load_average_start": _load_average(), "git_revision": git_revision(), "torch": torch.__version__}
@@ -191,7 +211,8 @@ def _machine() -> dict:
 
 def scaled_recipe(recipe: Recipe, minutes: float) -> Recipe:
     """The recipe with a training budget of `minutes`, fitted: epochs cut to what fits, schedule whole."""
-    return dataclasses.replace(recipe, options={**recipe.options, "max_minutes": minutes, "fit_to_budget": True})
+    return dataclasses.replace(recipe, options={**recipe.options, "max_minutes": minutes,
+                                                "fit_schedule_to_budget": True})
 
 
 class Eta:
@@ -223,21 +244,21 @@ def _train_to_floor(recipe: Recipe, root: Path, work: Path, threads: int | None,
     """Fine-tune; under the floor, train on from that model for the recipe's second round (once)."""
     from training.finetune import FinetuneSettings, run_finetune
 
-    checkpoint = work / recipe.name
+    model_folder = work / recipe.name
     settings = FinetuneSettings(task=recipe.task, train_file=root / recipe.train, dev_file=root / recipe.dev,
-                                out=checkpoint, threads=threads, **recipe.options)
+                                out=model_folder, num_threads=threads, **recipe.options)
     metrics = run_finetune(settings)
     print(f"{tag}: dev {_headline(metrics)}{_against_floor(recipe, metrics)}", flush=True)
     rounds = 1
     if _below_floor(recipe, metrics) and recipe.more:
         print(f"{tag}: under its floor; training on ({recipe.more})", flush=True)
-        checkpoint = work / f"{recipe.name}-more"
+        model_folder = work / f"{recipe.name}-more"
         from tasks.spec import TaskSpec
 
         # From the first round's model, with its head as it is (a fine-tuned folder has no sentence-
         # transformers pooling file, so `auto` would switch a mean-pooled head to cls).
         pooling = TaskSpec.load(settings.out).pooling or "auto"
-        more = settings.model_copy(update={"base": str(settings.out), "out": checkpoint, "seed": settings.seed + 1,
+        more = settings.model_copy(update={"base": str(settings.out), "out": model_folder, "seed": settings.seed + 1,
                                            "pooling": pooling, **recipe.more})
         metrics = run_finetune(more)
         rounds = 2
@@ -250,7 +271,7 @@ def _train_to_floor(recipe: Recipe, root: Path, work: Path, threads: int | None,
         if quality["below_floor"]:
             log.warning("%s: dev %s %s is BELOW ITS QUALITY FLOOR %s after %d rounds; the bundle is served "
                         "marked below_quality_floor", recipe.name, metric, metrics.get(metric), floor, rounds)
-    return checkpoint, metrics, quality
+    return model_folder, metrics, quality
 
 
 def _below_floor(recipe: Recipe, metrics: dict[str, float]) -> bool:
@@ -267,21 +288,21 @@ def _against_floor(recipe: Recipe, metrics: dict[str, float]) -> str:
     return f" (floor {metric} {floor:g}: {'UNDER' if _below_floor(recipe, metrics) else 'met'})"
 
 
-def _export(checkpoint: Path, bundle: Path, precision: str, automatic: bool, tag: str,
+def _export(model_folder: Path, bundle: Path, precision: str, automatic: bool, tag: str,
             examples: list | None) -> None:
     from export.bundle_builder import export_bundle
     from export.parity import ParityError
 
     print(f"{tag}: exporting {precision}", flush=True)
     try:
-        export_bundle(checkpoint, bundle, precision=precision, example_inputs=examples)
+        export_bundle(model_folder, bundle, precision=precision, example_inputs=examples)
     except ParityError as error:
         if not automatic or precision == "fp32":
             raise
         # A small demo model with near-tied logits can flip labels under int8/fp16; the bundle then
         # ships in fp32 (exact parity) rather than not at all. An explicit --precision still fails.
         print(f"{tag}: {precision} failed its parity gate, exporting fp32 instead:\n{error}", flush=True)
-        export_bundle(checkpoint, bundle, precision="fp32", example_inputs=examples)
+        export_bundle(model_folder, bundle, precision="fp32", example_inputs=examples)
 
 
 def _record_quality(bundle: Path, quality: dict) -> None:
@@ -311,34 +332,3 @@ def _default_precision() -> str:
 def _headline(metrics: dict[str, float]) -> str:
     keys = ("accuracy", "f1", "exact", "pearson", "spearman")
     return ", ".join(f"{k}={metrics[k]:.4g}" for k in keys if k in metrics) or "(no dev metrics)"
-
-
-def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if not args.only or EMBEDDINGS_BUNDLE in args.only:
-        build_embeddings_bundle(args.out, args.force, args.threads)
-    build_defaults(args.out, args.work, args.data_dir, args.only, args.force, args.precision, args.threads,
-                   args.minutes_per_model)
-    return 0
-
-
-def add_parser(subparsers) -> None:
-    p = subparsers.add_parser(
-        "build-defaults", help="fine-tune and export the default bundles (what `make run` serves)",
-        description="Fine-tune the embedded base model for classification (topics), sentence pairs "
-                    "(similarity), NER (entities) and SQuAD QA (squad) on the shipped samples in data/samples, "
-                    "each within a few minutes, and export an ONNX bundle of each into --out. Existing bundles "
-                    "are kept unless --force.")
-    p.add_argument("--out", type=Path, default=Path("models"), help="model repository folder (default: %(default)s)")
-    p.add_argument("--work", type=Path, default=Path("runs/defaults"),
-                   help="where the fine-tuned checkpoints go (default: %(default)s)")
-    p.add_argument("--data-dir", type=Path, help="train on the full sets in this folder (e.g. ../shared/data)")
-    p.add_argument("--only", nargs="+", help="build only these bundles by name")
-    p.add_argument("--force", action="store_true", help="rebuild bundles that exist")
-    p.add_argument("--precision", default="auto", choices=["auto", "fp32", "fp16", "int8"],
-                   help="auto: fp16 with CUDA, else int8 (default: %(default)s)")
-    p.add_argument("--threads", type=int, help="CPU threads for training (default: every usable core)")
-    p.add_argument("--minutes-per-model", type=float,
-                   help="training budget of every recipe, in minutes: epochs cut to fit, warmup and decay kept "
-                        "whole (e.g. 10 to check the --data-dir recipes quickly)")
-    p.set_defaults(func=run)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from berth.build_defaults import default_examples
 from berth.cli import main
 from tasks.bundle import load_bundle
-from training.build_defaults import default_examples
 
 
 @pytest.mark.slow

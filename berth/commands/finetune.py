@@ -1,0 +1,97 @@
+"""`berth finetune` and `berth evaluate`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+from berth.flags import add_settings_flags, given_settings
+from training.settings import FinetuneSettings
+
+EXAMPLES = """examples:
+  # SST-2 sentiment from the embedded default base, 15 minutes of training at most
+  berth finetune --task classification --train ../shared/data/sst2/train.tsv \\
+      --dev ../shared/data/sst2/dev.tsv --out runs/sst2 --max-minutes 15
+  # MRPC paraphrase pairs
+  berth finetune --task pair --train ../shared/data/mrpc/train.tsv --dev ../shared/data/mrpc/dev.tsv --out runs/mrpc
+  # CoNLL-2003 NER (IOB1 or IOB2 column files)
+  berth finetune --task ner --train ../shared/data/conll2003/iob2/train.txt \\
+      --dev ../shared/data/conll2003/iob2/valid.txt --out runs/conll
+  # SQuAD v1.1 from a Hugging Face BERT folder
+  berth finetune --task qa --base path/to/bert-base-uncased --train train-v1.1.json --dev dev-v1.1.json --out runs/squad
+  # multiple choice (SWAG's CSV, or JSON lines of {"context", "choices": [...], "label"})
+  berth finetune --task multiple-choice --train swag/train.csv --dev swag/val.csv --out runs/swag
+  # your own data: CSV / TSV / JSON lines with text[, text_pair], label columns
+  berth finetune --task classification --train mine.csv --dev mine_dev.csv --out runs/mine
+
+The output folder is a Hugging Face model folder (config.json, model.safetensors, tokenizer.json) with
+berth_task.json and finetune_run.json; `berth export` turns it into a bundle. While training, its
+train_state/ holds the resumable training state (run the same command again to resume after a kill);
+it is deleted at the end.
+"""
+
+FLAG_NAMES = {  # the flags' short names; every other setting is --its-name
+    "train_file": "--train", "dev_file": "--dev", "data_format": "--format", "version_2_with_negative": "--squad-v2",
+    "learning_rate": "--lr", "grad_accum_steps": "--grad-accum", "fit_schedule_to_budget": "--cut-at-budget",
+    "num_threads": "--threads",
+}
+GROUPS = {
+    "data": ["task", "train_file", "dev_file", "out", "data_format", "text_column", "text_pair_column",
+             "label_column", "labels", "regression", "max_train_examples", "max_eval_examples"],
+    "model": ["base", "pooling", "max_seq_length", "doc_stride", "max_query_length", "version_2_with_negative",
+              "label_all_tokens"],
+    "training": ["epochs", "max_steps", "max_minutes", "fit_schedule_to_budget", "learning_rate", "batch_size",
+                 "grad_accum_steps", "warmup_ratio", "warmup_steps", "weight_decay", "seed", "group_by_length",
+                 "num_threads", "device"],
+}
+OPTIONS = {
+    "fit_schedule_to_budget": {"help": "with --max-minutes: keep the planned schedule and stop wherever the budget "
+                                       "ends (default: shorten the schedule so that warmup and decay end at it)"},
+}
+
+
+def run_finetune_command(args: argparse.Namespace) -> int:
+    from training.finetune import run_finetune
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = FinetuneSettings(**given_settings(args, FinetuneSettings))
+    print("settings:", settings.model_dump_json(indent=2))
+    metrics = run_finetune(settings)
+    print(json.dumps({"dev_metrics": metrics, "out": str(settings.out)}, indent=2))
+    return 0
+
+
+def run_evaluate_command(args: argparse.Namespace) -> int:
+    from training.evaluate import evaluate_folder
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    metrics = evaluate_folder(args.model, args.data, data_format=args.data_format, limit=args.max_eval_examples,
+                              out=args.out)
+    print(json.dumps(metrics, indent=2))
+    return 0
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "finetune", help="fine-tune a BERT model folder into a task head",
+        description="Fine-tune a BERT model folder (the embedded default, a Hugging Face folder or a berth "
+                    "pretrained folder) for classification, sentence pairs, NER, SQuAD QA or multiple choice, "
+                    "evaluate it on the dev file, and save a Hugging Face-compatible folder with berth_task.json.",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_settings_flags(p, FinetuneSettings, groups=GROUPS, names=FLAG_NAMES, options=OPTIONS,
+                       rest_title="training loop (rarely changed)")
+    p.set_defaults(func=run_finetune_command)
+
+    e = subparsers.add_parser(
+        "evaluate", help="evaluate a fine-tuned model folder on a data file (official metrics)",
+        description="Run a fine-tuned model folder over a data file of its task and print the official metrics "
+                    "(accuracy/F1, conlleval entity F1, SQuAD EM/F1).")
+    e.add_argument("model", type=Path, help="a `berth finetune` output folder")
+    e.add_argument("data", type=Path, help="data file in a format of the model's task")
+    e.add_argument("--format", dest="data_format", default="auto",
+                   help=FinetuneSettings.model_fields["data_format"].description + " (default: %(default)s)")
+    e.add_argument("--max-eval-examples", type=int, help="evaluate on at most this many examples (default: all)")
+    e.add_argument("--out", type=Path, help="write the metrics (and predictions) as JSON here")
+    e.set_defaults(func=run_evaluate_command)

@@ -1,0 +1,130 @@
+"""`berth pretrain`: pretrain a BERT from raw text (MLM + NSP, or MLM only), and evaluate it on held-out text."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+from berth.flags import add_settings_flags, given_settings
+from training.config import PRESETS
+from training.settings import PretrainSettings
+
+EXAMPLES = """examples:
+  # the CPU recipe of docs/PRETRAINING.md: a 30k vocabulary trained on the corpus, the mini model
+  # (L4/H256/A4), 128-token sequences, 40 minutes at most
+  berth pretrain ../shared/data/pretraining --out runs/pretrain-mini --preset mini --vocab-size 30522 \\
+      --batch-size 32 --lr 5e-4 --max-steps 2000 --max-minutes 40 --threads 2
+
+  # the paper's ablation on the same corpus: masked LM only, single segments, no NSP head
+  berth pretrain ../shared/data/pretraining --out runs/pretrain-mini-nonsp --no-nsp --max-minutes 40
+
+  # reuse a vocabulary and give the size explicitly (L layers, H hidden, A heads)
+  berth pretrain my_texts/ --out runs/mine --tokenizer runs/pretrain-mini --layers 6 --hidden 384 --heads 6
+
+  # held-out MLM and NSP accuracy of a finished run (same masked positions every time)
+  berth pretrain --eval-only --out runs/pretrain-mini
+
+  # then fine-tune it like any BERT folder
+  berth finetune --task classification --base runs/pretrain-mini --train ../shared/data/sst2/train.tsv --out runs/sst2
+
+The output folder is a Hugging Face model folder (config.json, model.safetensors with the pretraining
+heads, tokenizer.json, vocab.txt) plus pretrain_run.json (settings, seed, git revision, data sizes,
+final held-out metrics), pretrain_eval.json, metrics.jsonl and checkpoints/ (the resumable training
+states; run the same command again to resume, `berth plot` to draw the curves). Delete checkpoints/
+when done to keep only the model.
+"""
+
+FLAG_NAMES = {  # the flags' short names; every other setting is --its-name
+    "corpus_format": "--format", "lowercase": "--cased", "num_layers": "--layers", "hidden_size": "--hidden",
+    "num_heads": "--heads", "intermediate_size": "--intermediate", "learning_rate": "--lr",
+    "grad_accum_steps": "--grad-accum", "num_threads": "--threads", "log_every_steps": "--log-every",
+    "eval_every_steps": "--eval-every", "save_every_steps": "--save-every", "resume": "--no-resume",
+}
+GROUPS = {
+    "corpus": ["corpus", "out", "corpus_format", "max_document_chars", "heldout_fraction"],
+    "tokenizer": ["tokenizer", "vocab_size", "lowercase", "min_frequency"],
+    "model": ["preset", "num_layers", "hidden_size", "num_heads", "intermediate_size"],
+    "objective": ["nsp", "max_seq_length", "masked_lm_prob", "max_predictions_per_seq", "whole_word_mask",
+                  "short_seq_prob", "dupe_factor", "phase2_seq_length", "phase2_fraction"],
+    "training": ["batch_size", "grad_accum_steps", "epochs", "max_steps", "max_minutes", "learning_rate",
+                 "warmup_ratio", "warmup_steps", "weight_decay", "seed", "num_threads", "device", "log_every_steps",
+                 "eval_every_steps", "save_every_steps", "resume"],
+    "evaluation": ["eval_mask_seed", "eval_batch_size", "eval_max_instances"],
+}
+OPTIONS = {
+    "corpus": {"positional": True, "nargs": "*", "type": Path,
+               "help": "text files or folders (every *.txt below them); not needed with --eval-only"},
+    "preset": {"choices": list(PRESETS)},
+    "lowercase": {"help": "keep case and accents (default: uncased, as bert-base-uncased)"},
+    "nsp": {"help": "masked LM only: single packed segments, no next-sentence prediction; saves a BertForMaskedLM "
+                    "model folder (the paper's ablation)"},
+    "resume": {"action": "store_const", "const": "never",
+               "help": "start over even if --out holds the training state of an unfinished run"},
+}
+
+
+def _paths(value: str) -> list[Path]:
+    return [Path(p) for p in value.split(",") if p]
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "pretrain", help="pretrain a BERT from raw text (MLM + NSP), or evaluate one on held-out text",
+        description="Pretrain a BERT from scratch on text files: train a WordPiece vocabulary (or reuse one),\n"
+                    "build [CLS] A [SEP] B [SEP] instances with next-sentence labels, mask 15% of the tokens,\n"
+                    "and train masked LM + next-sentence prediction (or masked LM only, --no-nsp). A few % of\n"
+                    "the documents are held out: their MLM and NSP accuracy is reported at the end (and with\n"
+                    "--eval-only), next to the unigram baseline on the same masked positions.",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_settings_flags(p, PretrainSettings, groups=GROUPS, names=FLAG_NAMES, options=OPTIONS,
+                       rest_title="training loop (rarely changed)")
+    e = p.add_argument_group("evaluation only")
+    e.add_argument("--eval-only", action="store_true",
+                   help="do not train: evaluate the model folder in --out on its held-out documents "
+                        "(MLM accuracy, loss, perplexity; NSP accuracy; the unigram baseline)")
+    e.add_argument("--eval-text", type=_paths,
+                   help="with --eval-only: evaluate on every document of these comma-separated files/folders instead")
+    p.set_defaults(func=run_command)
+    return p
+
+
+def _print_eval(metrics: dict) -> None:
+    line = (f"held-out MLM accuracy {metrics['mlm_accuracy']:.4f} (unigram baseline "
+            f"{metrics.get('unigram_accuracy', float('nan')):.4f}), MLM loss {metrics['mlm_loss']:.3f}, "
+            f"perplexity {metrics['mlm_perplexity']:.1f} (unigram {metrics.get('unigram_perplexity', float('nan')):.0f})")
+    if "nsp_accuracy" in metrics:
+        line += f", NSP accuracy {metrics['nsp_accuracy']:.4f} on {metrics['nsp_pairs']} pairs"
+    print(line)
+    print(json.dumps(metrics, indent=2))
+
+
+def run_command(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    given = given_settings(args, PretrainSettings)
+    if args.eval_only:
+        import torch
+
+        from training.pretrain import evaluate_folder
+
+        if given.get("num_threads"):
+            torch.set_num_threads(given["num_threads"])
+        fields = PretrainSettings.model_fields
+        metrics = evaluate_folder(args.out, eval_text=args.eval_text, corpus=given.get("corpus") or None,
+                                  mask_seed=given.get("eval_mask_seed", fields["eval_mask_seed"].default),
+                                  batch_size=given.get("eval_batch_size", fields["eval_batch_size"].default),
+                                  device=given.get("device", fields["device"].default))
+        _print_eval(metrics)
+        return 0
+    if not given.get("corpus"):
+        raise SystemExit("berth pretrain: give the corpus (text files or folders), or --eval-only")
+    from training.pretrain import run_pretrain
+
+    settings = PretrainSettings(**given)
+    print("settings:", settings.model_dump_json(indent=2))
+    record = run_pretrain(settings)
+    if record["heldout_eval"]:
+        _print_eval(record["heldout_eval"])
+    print(f"saved {record['model_class']} to {settings.out}")
+    return 0

@@ -1,0 +1,49 @@
+"""The settings of `berth export`: one pydantic model, from which its flags are generated (torch-free)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tasks.spec import Task
+
+
+class ExportSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model_folder: Path = Field(description="fine-tuned model folder (a Hugging Face BERT checkpoint with "
+                               "berth_task.json)")
+    out: Path = Field(description="bundle folder to write (its name is the model name)")
+    precision: Literal["fp32", "fp16", "int8"] = Field(
+        "fp32", description="fp32: any provider; fp16: for CUDA (fp32 inputs/outputs); int8: dynamic quantization, "
+        "CPU only")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="where to validate: auto uses CUDA when onnxruntime has it, else the CPU")
+    task: Task | None = Field(None, description="the task, for a folder without berth_task.json (e.g. fill-mask on "
+                              "a pretrained MLM folder, embedding on any BERT or sentence-transformers folder)")
+    pooling: Literal["mean", "cls", "max"] | None = Field(
+        None, description="embedding: sentence pooling (default: the folder's sentence-transformers 1_Pooling "
+        "config, else mean)")
+    optimize: Literal["auto", "always", "never"] = Field(
+        "auto", description="ONNX Runtime's offline BERT fusions: auto keeps whichever fp32 graph runs faster here")
+    data_dir: Path | None = Field(None, description="the shared data sets for the parity slice (default: "
+                                  "../shared/data or $BERTH_SHARED_DATA; else the shipped samples)")
+    parity_examples: int | None = Field(None, gt=0, description="dev examples checked (default by task: 256 "
+                                        "classification/pair, 128 ner/fill-mask, 100 qa)")
+    min_agreement: float = Field(0.99, ge=0, le=1, description="fp16/int8: share of examples whose task answer must "
+                                 "match PyTorch; recorded in the manifest")
+    int8_recipe: str | None = Field(None, description="int8: how to quantize (default: dynamic-keep-early-ffn, "
+                                    "chosen by measurement; see docs/ENGINE.md section 3)")
+    calibration_data: Path | None = Field(None, description="int8 static: training file to calibrate on (default: "
+                                          "the one in the folder's finetune_run.json)")
+    dev_data: Path | None = Field(None, description="fp16/int8: dev file with gold answers for the metric gate "
+                                  "(default: the one in finetune_run.json; without one only agreement is checked)")
+    metric_examples: int | None = Field(None, gt=0, description="dev examples the metric gate scores (default "
+                                        "1000, or the whole dev file if smaller)")
+    threads: int | None = Field(None, gt=0, description="CPU threads for PyTorch and ONNX Runtime (default: all "
+                                "cores)")
+    examples: Path | None = Field(None, description="JSON file: a list of example `inputs` of the task's route, "
+                                  "written into the manifest (shown in GET /v1/models and offered by the playground)")
+    force: bool = Field(False, description="replace an existing bundle at --out")

@@ -1,0 +1,290 @@
+"""The settings of training runs, declared once: the training loop's, and the two commands that embed it.
+
+`TrainLoopSettings` are the knobs of the one training loop (training/trainer.py); `TrainSettings` adds
+the folder its resumable training state goes to. `FinetuneSettings` and `PretrainSettings` ARE loop
+settings (they inherit the fields, descriptions and bounds) plus their own, with their own defaults
+for a few (`loop_default`). The `berth` flags, their defaults and help are generated from these fields
+(berth/flags.py). Torch-free, so that `berth --help` works in a serving install.
+
+Words: a *model folder* is a Hugging Face checkpoint (config.json + weights + tokenizer); a
+*training state* is the trainer's resumable snapshot (optimizer, schedule, random states, data
+position) under `<output>/checkpoints/step-N/`, needed only while training.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.fields import FieldInfo
+
+from training.config import PRESETS, BertConfig
+from training.corpus import DEFAULT_MAX_DOCUMENT_CHARS
+
+log = logging.getLogger("berth.settings")
+
+# Names these settings had before they were declared once; still accepted (old run records, scripts).
+LEGACY_NAMES = {"threads": "num_threads", "fit_to_budget": "fit_schedule_to_budget",
+                "keep_last_checkpoints": "keep_last_states"}
+
+
+class TrainLoopSettings(BaseModel):
+    """How the one training loop trains: schedule, optimizer, batches, saving, devices."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seed: int = Field(42, ge=0, description="random seed: data order, dropout, new weights")
+    epochs: float | None = Field(None, gt=0, description="passes over the training data, may be fractional; "
+                                 "1 when neither this nor max_steps is set")
+    max_steps: int | None = Field(None, gt=0, description="optimizer steps; with epochs, the smaller wins")
+    max_minutes: float | None = Field(None, gt=0, description="training-time budget in minutes, counted across "
+                                      "resumes; data preparation and evaluation are not counted")
+    fit_schedule_to_budget: bool = Field(False, description="with max_minutes: measure the step speed and shorten "
+                                         "the plan so that warmup + decay end at the budget (else: cut mid-schedule)")
+    batch_size: int = Field(32, gt=0, description="examples per micro-batch per device")
+    grad_accum_steps: int = Field(1, gt=0, description="micro-batches per optimizer step")
+    learning_rate: float = Field(5e-5, gt=0, description="peak AdamW learning rate, after warmup; decays "
+                                 "linearly to 0 at the last step")
+    warmup_ratio: float = Field(0.0, ge=0, le=1, description="share of the optimizer steps spent warming the "
+                                "learning rate up from 0")
+    warmup_steps: int | None = Field(None, ge=0, description="warmup in optimizer steps; overrides warmup_ratio")
+    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay (not on biases and LayerNorm weights)")
+    adam_beta1: float = Field(0.9, description="AdamW beta1")
+    adam_beta2: float = Field(0.999, description="AdamW beta2")
+    adam_epsilon: float = Field(1e-8, description="AdamW epsilon")
+    max_grad_norm: float | None = Field(1.0, description="gradient clipping: largest global L2 norm; 0: no clipping")
+    amp: Literal["auto", "bf16", "fp16", "off"] = Field("auto", description="mixed precision on CUDA "
+                                                        "(auto: bf16 where supported, else fp16); off on the CPU")
+    save_every_steps: int | None = Field(None, gt=0, description="save the resumable training state every N "
+                                         "optimizer steps (and at the end)")
+    log_every_steps: int = Field(10, gt=0, description="optimizer steps between lines of metrics.jsonl")
+    eval_every_steps: int | None = Field(None, gt=0, description="evaluate every N optimizer steps (and at the end)")
+    keep_last_states: int | None = Field(2, gt=0, description="training states kept on disk, older ones deleted; "
+                                         "unset keeps all")
+    num_workers: int = Field(0, ge=0, description="DataLoader worker processes (0: load in the training process)")
+    device: str = Field("auto", description="auto (CUDA if present), cpu, cuda, cuda:1 ...")
+    resume: str = Field("auto", description="auto: continue from the latest training state in the output folder, "
+                        "if any; never: start over; or a training-state folder")
+    progress_bar: bool = Field(True, description="a progress bar on rank 0 when stderr is a terminal")
+    num_threads: int | None = Field(None, gt=0, description="torch intra-op threads (unset: every usable core, "
+                                    "affinity and cgroup quota respected, shared by torchrun's local ranks)")
+    group_by_length: bool = Field(False, description="micro-batches of similar lengths (less padding, same "
+                                  "examples); the dataset gives lengths via lengths() or len(item)")
+    length_group_batches: int = Field(50, gt=0, description="group_by_length: micro-batches per sorted chunk")
+    ddp_find_unused_parameters: bool = Field(False, description="DDP: look for parameters without a gradient at "
+                                             "every step (slower; only for heads that leave some unused)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_names(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            data = dict(data)
+            for old, new in LEGACY_NAMES.items():
+                if old in data:
+                    value = data.pop(old)
+                    data.setdefault(new, value)
+            if isinstance(data.get("resume"), bool):  # pretrain's old resume: bool
+                data["resume"] = "auto" if data["resume"] else "never"
+        return data
+
+    @model_validator(mode="after")
+    def _default_length(self) -> TrainLoopSettings:
+        if self.epochs is None and self.max_steps is None:
+            self.epochs = 1.0
+        return self
+
+    def loop_settings(self, output_dir: Path, **overrides: Any) -> TrainSettings:
+        """These settings' loop fields as the trainer's settings, writing its state into `output_dir`."""
+        values = {name: getattr(self, name) for name in TrainLoopSettings.model_fields}
+        return TrainSettings(**{**values, **overrides, "output_dir": output_dir})
+
+
+class TrainSettings(TrainLoopSettings):
+    """Settings of one training run. Batch sizes are per device; see `effective_batch_size`."""
+
+    output_dir: Path = Field(description="metrics.jsonl, train_settings.json and the resumable training states")
+
+
+def loop_default(name: str, default: Any) -> Any:
+    """The loop field `name` (its description and bounds) with another default, for one command."""
+    return FieldInfo.merge_field_infos(TrainLoopSettings.model_fields[name], default=default)
+
+
+# --- fine-tuning ---------------------------------------------------------------------------------
+
+FinetuneTask = Literal["classification", "pair", "ner", "qa", "multiple-choice"]
+MAX_SEQ_LENGTH = 128  # tokens, every task but qa
+QA_MAX_SEQ_LENGTH = 384  # tokens: a question and a window of its context
+QA_DOC_STRIDE = 128  # context tokens two consecutive QA windows share
+NER_OVERLAP_DIVISOR = 4  # ner: windows overlap by max_seq_length // 4 tokens
+
+
+class FinetuneSettings(TrainLoopSettings):
+    """Defaults follow the BERT paper's fine-tuning recipe (AdamW, warmup 10%, batch 32, 3 epochs)."""
+
+    # -- data
+    task: FinetuneTask = Field(description="classification: one text -> label; pair: two texts -> label or score; "
+                               "ner: a tag per word; qa: SQuAD answer span; multiple-choice: the right choice for a "
+                               "context (SWAG CSV or {context, choices, label} JSON lines)")
+    train_file: Path = Field(description="training data file")
+    dev_file: Path | None = Field(None, description="dev data file: evaluated after training")
+    out: Path = Field(description="output folder: the fine-tuned model folder (Hugging Face checkpoint + "
+                      "berth_task.json + finetune_run.json)")
+    data_format: str = Field("auto", description="auto (from the file), sst2, mrpc, table (csv/tsv/jsonl), conll, "
+                             "squad")
+    text_column: str = Field("text", description="table format: column of the text")
+    text_pair_column: str = Field("text_pair", description="table format: column of the second text (pairs)")
+    label_column: str = Field("label", description="table format: column of the label")
+    labels: list[str] | None = Field(None, description="label names in order (default: sorted as found in train)")
+    regression: bool = Field(False, description="pair/classification: a numeric score (num_labels=1)")
+    max_train_examples: int | None = Field(None, gt=0, description="use at most this many training examples")
+    max_eval_examples: int | None = Field(None, gt=0, description="evaluate on at most this many dev examples")
+    # -- model
+    base: str = Field("default", description="base model folder: a Hugging Face BERT folder, a `berth pretrain` "
+                      "output, or 'default' (the embedded all-MiniLM-L6-v2, L6/H384)")
+    pooling: Literal["auto", "cls", "mean"] = Field(
+        "auto", description="classification/pair: cls (the tanh pooler over [CLS], BERT's recipe) or mean (average "
+        "of the token states); auto: mean for a sentence-transformers base trained with it (the default "
+        "all-MiniLM-L6-v2), else cls")
+    max_seq_length: int | None = Field(None, gt=0, description=f"tokens per sequence (default: {QA_MAX_SEQ_LENGTH} "
+                                       f"for qa, {MAX_SEQ_LENGTH} otherwise)")
+    doc_stride: int | None = Field(None, ge=0, description="overlap in tokens of consecutive windows over a long "
+                                   f"text: qa: context tokens two windows share (default {QA_DOC_STRIDE}); ner: "
+                                   f"when served (default max_seq_length / {NER_OVERLAP_DIVISOR})")
+    max_query_length: int = Field(64, gt=0, description="qa: question tokens kept")
+    label_all_tokens: bool = Field(True, description="ner: train every sub-token (B-X continued as I-X), not only "
+                                   "a word's first, so token-level entity grouping (the service's `simple`) is "
+                                   "trained too; dev scores use each word's first sub-token either way")
+    version_2_with_negative: bool | None = Field(None, description="qa: train for unanswerable questions "
+                                                 "(default: when the data has any)")
+    # -- the loop's defaults for fine-tuning
+    epochs: float | None = loop_default("epochs", 3.0)
+    warmup_ratio: float = loop_default("warmup_ratio", 0.1)
+    fit_schedule_to_budget: bool = loop_default("fit_schedule_to_budget", True)
+    group_by_length: bool = loop_default("group_by_length", True)
+
+    def effective_max_seq_length(self) -> int:
+        return self.max_seq_length or (QA_MAX_SEQ_LENGTH if self.task == "qa" else MAX_SEQ_LENGTH)
+
+    def effective_doc_stride(self) -> int:
+        if self.doc_stride is not None:
+            return self.doc_stride
+        return QA_DOC_STRIDE if self.task == "qa" else self.effective_max_seq_length() // NER_OVERLAP_DIVISOR
+
+
+# --- pretraining ---------------------------------------------------------------------------------
+
+
+class PretrainSettings(TrainLoopSettings):
+    """Defaults: the CPU recipe of docs/PRETRAINING.md (mini model, 128 tokens, high learning rate)."""
+
+    corpus: list[Path] = Field(default_factory=list, description="text files or folders (every *.txt below them)")
+    out: Path = Field(description="output folder: a Hugging Face BERT model folder, with metrics.jsonl and "
+                      "checkpoints/ (resumable training states)")
+    # -- corpus
+    corpus_format: Literal["text", "bert"] = Field(
+        "text", description="text: plain prose, paragraphs split into sentences; bert: one sentence per line, a "
+        "blank line between documents")
+    max_document_chars: int | None = Field(DEFAULT_MAX_DOCUMENT_CHARS, description="text format: cut files into "
+                                           "documents of about this many characters")
+    heldout_fraction: float = Field(0.03, ge=0, lt=1, description="share of documents held out for evaluation")
+    # -- tokenizer: reuse one, or train a WordPiece vocabulary on the corpus
+    tokenizer: Path | None = Field(None, description="reuse this tokenizer (tokenizer.json, vocab.txt or a folder "
+                                   "with one); default: train a new WordPiece vocabulary on the corpus")
+    vocab_size: int = Field(30522, gt=0, description="tokens in a new vocabulary")
+    lowercase: bool = Field(True, description="uncased vocabulary (as bert-base-uncased)")
+    min_frequency: int = Field(2, ge=1, description="a new vocabulary's least pair frequency")
+    # -- model: a named size, optionally with explicit L / H / A / intermediate size
+    preset: str = Field("mini", description="size as in the BERT miniatures: tiny L2/H128, mini L4/H256, small "
+                        "L4/H512, medium L8/H512, base L12/H768, large L24/H1024")
+    num_layers: int | None = Field(None, gt=0, description="L: Transformer layers (overrides the preset)")
+    hidden_size: int | None = Field(None, gt=0, description="H: hidden size (overrides the preset)")
+    num_heads: int | None = Field(None, gt=0, description="A: attention heads (default H/64)")
+    intermediate_size: int | None = Field(None, gt=0, description="feed-forward size (default 4H)")
+    # -- objective and data
+    nsp: bool = Field(True, description="next-sentence prediction; off: masked LM only on single packed segments, "
+                      "a BertForMaskedLM (the paper's ablation)")
+    max_seq_length: int = Field(128, gt=0, description="tokens per instance")
+    short_seq_prob: float = Field(0.1, ge=0, le=1, description="share of instances made shorter than "
+                                  "max_seq_length on purpose (as Google's BERT)")
+    dupe_factor: int = Field(1, ge=1, description="passes over the corpus when building instances (each masked anew)")
+    masked_lm_prob: float = Field(0.15, gt=0, lt=1, description="share of tokens masked")
+    max_predictions_per_seq: int | None = Field(
+        None, description="masked positions per sequence at most (default: 20 per 128 tokens, as Google's 20 at 128 "
+        "and 80 at 512); a value below masked_lm_prob x max_seq_length is kept but warned about")
+    # The paper's two-phase schedule: after the steps at max_seq_length, this share of extra steps at
+    # phase2_seq_length, so that the position embeddings past max_seq_length get trained.
+    phase2_seq_length: int | None = Field(None, description="the paper's two-phase schedule: after the steps at "
+                                          "max_seq_length, phase2_fraction of max_steps at this length (e.g. 512)")
+    phase2_fraction: float = Field(0.1, gt=0, lt=1, description="share of all steps in phase 2 (the paper: 10%)")
+    whole_word_mask: bool = Field(False, description="mask whole words, not single WordPiece tokens")
+    # -- held-out evaluation
+    eval_mask_seed: int = Field(20181011, description="seed of the held-out masks (fixed: every evaluation scores "
+                                "the same positions)")
+    eval_batch_size: int = Field(64, gt=0, description="sequences per held-out evaluation batch")
+    eval_max_instances: int | None = Field(None, gt=0, description="held-out instances scored by the evaluations "
+                                           "during training (the final one scores all)")
+    # -- the loop's defaults for pretraining
+    seed: int = loop_default("seed", 12345)
+    learning_rate: float = loop_default("learning_rate", 5e-4)
+    warmup_ratio: float = loop_default("warmup_ratio", 0.05)
+    keep_last_states: int | None = loop_default("keep_last_states", 1)
+
+    @model_validator(mode="after")
+    def _check(self) -> PretrainSettings:
+        if self.preset not in PRESETS:
+            raise ValueError(f"unknown preset {self.preset!r}; choose from {', '.join(PRESETS)}")
+        if self.phase2_seq_length is not None:
+            if self.max_steps is None:
+                raise ValueError("the two-phase schedule (phase2_seq_length) needs max_steps: the steps of both phases")
+            if self.phase2_seq_length <= self.max_seq_length:
+                raise ValueError("phase2_seq_length must be longer than max_seq_length")
+        return self
+
+    def phase_steps(self) -> tuple[int, int]:
+        """(steps at max_seq_length, steps at phase2_seq_length): the paper's 90% / 10% by default."""
+        if self.phase2_seq_length is None or self.max_steps is None:
+            return self.max_steps or 0, 0
+        second = max(1, round(self.max_steps * self.phase2_fraction))
+        return self.max_steps - second, second
+
+    def bert_config(self, vocab_size: int) -> BertConfig:
+        """The preset with any explicit L / H / A / intermediate size; A defaults to H / 64."""
+        longest = max(512, self.max_seq_length, self.phase2_seq_length or 0)
+        overrides: dict[str, Any] = {"vocab_size": vocab_size, "max_position_embeddings": longest}
+        if self.num_layers:
+            overrides["num_hidden_layers"] = self.num_layers
+        if self.hidden_size:
+            overrides["hidden_size"] = self.hidden_size
+            overrides.setdefault("intermediate_size", 4 * self.hidden_size)
+            overrides["num_attention_heads"] = max(1, self.hidden_size // 64)
+        if self.num_heads:
+            overrides["num_attention_heads"] = self.num_heads
+        if self.intermediate_size:
+            overrides["intermediate_size"] = self.intermediate_size
+        return BertConfig.preset(self.preset, **overrides)
+
+    def masking(self, seq_length: int | None = None):
+        from training.masking import MaskingSettings  # numpy + tokenizers: only when building data
+
+        return MaskingSettings(masked_lm_prob=self.masked_lm_prob,
+                               max_predictions_per_seq=self.predictions_per_seq(seq_length or self.max_seq_length),
+                               whole_word=self.whole_word_mask)
+
+    def predictions_per_seq(self, seq_length: int) -> int:
+        """The cap on masked positions for `seq_length`-token sequences: explicit, or 20 per 128 tokens.
+
+        An explicit cap below masked_lm_prob x seq_length masks fewer than the intended share of a full
+        sequence (e.g. 20 at 512 tokens: 4% instead of 15%): kept, with a warning.
+        """
+        if self.max_predictions_per_seq is None:
+            return max(1, math.ceil(20 * seq_length / 128))
+        wanted = round(self.masked_lm_prob * seq_length)
+        if self.max_predictions_per_seq < wanted:
+            log.warning("max_predictions_per_seq=%d masks at most %.1f%% of a %d-token sequence (masked_lm_prob "
+                        "%.2f wants %d); leave it unset to scale it with the length", self.max_predictions_per_seq,
+                        100 * self.max_predictions_per_seq / seq_length, seq_length, self.masked_lm_prob, wanted)
+        return self.max_predictions_per_seq
