@@ -62,6 +62,8 @@ def default_text(field: FieldInfo) -> str | None:
         value = field.default
     if value is None or value == [] or isinstance(value, bool):
         return None
+    if isinstance(value, list):  # as typed on the command line
+        return ",".join(map(str, value))
     return str(value)
 
 
