@@ -52,7 +52,7 @@ def prepare_tokenizer(settings: PretrainSettings) -> Tokenizer:
         log.info("tokenizer: %s (%d tokens)", settings.tokenizer, tokenizer.get_vocab_size())
     elif settings.resume != "never" and (out / "tokenizer.json").is_file():
         tokenizer = load_tokenizer(out)
-        log.info("tokenizer: reusing %s (%d tokens) to resume; pass resume="never" (--no-resume) to train "
+        log.info("tokenizer: reusing %s (%d tokens) to resume; pass resume='never' (--no-resume) to train "
                  "a new one", out / "tokenizer.json", tokenizer.get_vocab_size())
         return tokenizer
     else:
