@@ -104,7 +104,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                                         "threads"],
                 "parity and metric gates": ["data_dir", "parity_examples", "min_agreement", "dev_data",
                                             "metric_examples"]},
-        options={"model_folder": {"positional": True}, "int8_recipe": {"choices": sorted(RECIPES)}},
+        options={"model_folder": {"positional": True},
+                 "int8_recipe": {"choices": sorted(RECIPES), "metavar": "RECIPE",
+                                 "help": ExportSettings.model_fields["int8_recipe"].description + "; one of: "
+                                 + ", ".join(sorted(RECIPES))}},
     )
     p.add_argument("--quiet", action="store_true", help="log warnings only")
     p.set_defaults(func=run)
