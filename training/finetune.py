@@ -60,6 +60,10 @@ class FinetuneSettings(BaseModel):
         "auto", description="classification/pair heads: cls (tanh pooler over [CLS]) or mean (average of the "
         "token states); auto: what the base was trained with (see default_pooling)")
     group_by_length: bool = Field(True, description="batches of similar lengths: less padding, same examples")
+    feature_based: bool = Field(False, description="ner: train a BiLSTM + linear tag layer on the FROZEN encoder's "
+                                "last four hidden layers concatenated (the paper's Table 7), cached once")
+    lstm_hidden_size: int = Field(256, gt=0, description="feature-based: BiLSTM units per direction")
+    lstm_layers: int = Field(1, gt=0, description="feature-based: stacked BiLSTM layers")
     threads: int | None = None
     device: str = "auto"
 
@@ -115,7 +119,7 @@ def run_finetune(settings: FinetuneSettings) -> dict[str, float]:
 
     from tasks.tokenizer import load_tokenizer
     from training import model as models
-    from training import task_data
+    from training import feature_based, task_data
     from training.checkpoint import load_pretrained, save_pretrained
     from training.trainer import TrainSettings, train
 
@@ -131,8 +135,11 @@ def run_finetune(settings: FinetuneSettings) -> dict[str, float]:
     spec = adapter.spec(train_examples)
     log.info("task %s: %d train / %d dev examples, labels %s", spec.task, len(train_examples), len(dev_examples), spec.labels)
 
-    head = getattr(models, spec.head_class)
     overrides = {}
+    if settings.feature_based:
+        spec, head_fields = feature_based.head_setup(settings, spec)
+        overrides.update(head_fields)
+    head = getattr(models, spec.head_class)
     if spec.task in ("classification", "pair", "ner"):
         overrides["id2label"] = dict(enumerate(spec.labels)) if spec.labels else None
         if spec.problem_type == "regression":
@@ -145,6 +152,10 @@ def run_finetune(settings: FinetuneSettings) -> dict[str, float]:
     log.info("loaded %s from %s: %s", spec.head_class, base, report)
 
     dataset = adapter.features(train_examples, spec, training=True)
+    collate, cache_record = getattr(adapter, "collate", task_data.collate), None
+    if settings.feature_based:  # the frozen encoder runs once per sentence, here, not in the training loop
+        dataset, cache_record = feature_based.cache_features(model, dataset)
+        collate = feature_based.collate
     out = Path(settings.out)
     train_settings = TrainSettings(
         output_dir=out / "train_state",
@@ -162,7 +173,7 @@ def run_finetune(settings: FinetuneSettings) -> dict[str, float]:
         group_by_length=settings.group_by_length,
     )
     started = time.time()
-    result = train(model, dataset, getattr(adapter, "collate", task_data.collate), train_settings)
+    result = train(model, dataset, collate, train_settings)
     train_minutes = (time.time() - started) / 60
     # The resumable state (optimizer moments etc., ~3x the model) is only needed while training.
     shutil.rmtree(train_settings.output_dir, ignore_errors=True)
@@ -195,6 +206,7 @@ def run_finetune(settings: FinetuneSettings) -> dict[str, float]:
             "real_tokens_per_s": result.tokens_per_s,
             "padded_over_real_tokens": result.padded_tokens / max(result.real_tokens, 1),
         },
+        "feature_cache": cache_record,
         "schedule": {"planned_steps": result.planned_steps, "steps": result.steps,
                      "fitted_to_budget": result.fitted_to_budget, "stopped_by": result.stopped_by},
     }

@@ -16,6 +16,9 @@ EXAMPLES = """examples:
   # CoNLL-2003 NER (IOB1 or IOB2 column files)
   berth finetune --task ner --train ../shared/data/conll2003/iob2/train.txt \\
       --dev ../shared/data/conll2003/iob2/valid.txt --out runs/conll
+  # the same, feature-based: a BiLSTM on the frozen encoder's last four layers (the paper's Table 7)
+  berth finetune --task ner --feature-based --lr 1e-3 --epochs 4 --train ../shared/data/conll2003/iob2/train.txt \\
+      --dev ../shared/data/conll2003/iob2/valid.txt --out runs/conll-features
   # SQuAD v1.1 from a Hugging Face BERT folder
   berth finetune --task qa --base path/to/bert-base-uncased --train train-v1.1.json --dev dev-v1.1.json --out runs/squad
   # multiple choice (SWAG's CSV, or JSON lines of {"context", "choices": [...], "label"})
@@ -50,6 +53,12 @@ def _add_settings_args(p: argparse.ArgumentParser) -> None:
                    help="classification/pair: cls (the tanh pooler over [CLS], BERT's recipe) or mean (average of "
                         "the token states); auto: mean for a sentence-transformers base trained with it (the "
                         "default all-MiniLM-L6-v2), else cls (default: %(default)s)")
+    m.add_argument("--feature-based", action="store_true", default=None,
+                   help="ner: the paper's feature-based approach (Table 7): the encoder stays frozen, its last four "
+                        "hidden layers are concatenated per token, computed once and cached, and only a BiLSTM + "
+                        "linear tag layer is trained (give it a head's learning rate, e.g. --lr 1e-3)")
+    m.add_argument("--lstm-hidden-size", type=int, help="feature-based: BiLSTM units per direction (default 256)")
+    m.add_argument("--lstm-layers", type=int, help="feature-based: stacked BiLSTM layers (default 1: two ran 4-6x slower per step on 2 CPU cores)")
     m.add_argument("--max-seq-length", type=int, help="tokens per sequence (default: 384 for qa, 128 otherwise)")
     m.add_argument("--doc-stride", type=int,
                    help="qa: context tokens shared by consecutive windows (default 128); ner: overlap of the "
