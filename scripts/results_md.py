@@ -47,7 +47,8 @@ def task_of(record: dict) -> str:
     if s["task"] == "qa":
         return "SQuAD v2.0" if ("v2" in train or s.get("version_2_with_negative")) else "SQuAD v1.1"
     if s["task"] == "ner":
-        return "CoNLL-2003" if "conll2003" in train else "NER"
+        name = "CoNLL-2003" if "conll2003" in train else "NER"
+        return f"{name} (feature-based)" if s.get("feature_based") else name
     for key, name in (("sst2", "SST-2"), ("mrpc", "MRPC"), ("stsb", "STS-B")):
         if key in train:
             return name
@@ -190,8 +191,29 @@ def pooling_table(records: list[dict]) -> str:
     ])
 
 
+def table7(records: list[dict]) -> str:
+    """The paper's Table 7 on our base: fine-tuning every weight vs a head trained on frozen features."""
+    lines = ["| approach | what is trained | CoNLL-2003 dev (all sentences) | train min | frozen-feature extraction min | "
+             "epochs | record |", "|---|---|---|---:|---:|---:|---|"]
+    for r in records:
+        if not r["_task"].startswith("CoNLL-2003"):
+            continue
+        s, cache = r["settings"], r.get("feature_cache")
+        if s.get("feature_based"):
+            approach = "feature-based: concat last four hidden layers"
+            trained = (f"BiLSTM {s['lstm_layers']}x{s['lstm_hidden_size']} per direction + linear tag layer on "
+                       f"{cache['feature_width']} frozen features per token (cached as {cache['dtype']}, "
+                       f"{cache['cache_mb']:,.0f} MB)")
+            extraction = f"{cache['extract_minutes']:.1f}"
+        else:
+            approach, trained, extraction = "fine-tuning", "every weight (encoder + linear tag layer)", "—"
+        lines.append(f"| {approach} | {trained} | {headline(r)} | {r['train_minutes']:.1f} | {extraction} | "
+                     f"{r['train_result']['epochs']:.2f} | `{r['_name']}` |")
+    return "\n".join(lines)
+
+
 BLOCKS = {"targets": targets_table, "runs": runs_table, "speed": speed_table, "padding": padding_table,
-          "pooling": pooling_table}
+          "pooling": pooling_table, "table7": table7}
 
 
 def render(text: str, records: list[dict]) -> str:

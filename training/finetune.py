@@ -118,8 +118,8 @@ def run_finetune(settings: FinetuneSettings) -> dict[str, float]:
     import torch
 
     from tasks.tokenizer import load_tokenizer
-    from training import model as models
     from training import feature_based, task_data
+    from training import model as models
     from training.checkpoint import load_pretrained, save_pretrained
     from training.trainer import TrainSettings, train
 
