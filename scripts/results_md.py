@@ -193,8 +193,8 @@ def pooling_table(records: list[dict]) -> str:
 
 def table7(records: list[dict]) -> str:
     """The paper's Table 7 on our base: fine-tuning every weight vs a head trained on frozen features."""
-    lines = ["| approach | what is trained | CoNLL-2003 dev (all sentences) | train min | frozen-feature extraction min | "
-             "epochs | record |", "|---|---|---|---:|---:|---:|---|"]
+    lines = ["| approach | what is trained | CoNLL-2003 dev (all sentences) | frozen-feature extraction min | train min | "
+             "dev eval min | epochs of training sentences | record |", "|---|---|---|---:|---:|---:|---|---|"]
     for r in records:
         if not r["_task"].startswith("CoNLL-2003"):
             continue
@@ -207,8 +207,9 @@ def table7(records: list[dict]) -> str:
             extraction = f"{cache['extract_minutes']:.1f}"
         else:
             approach, trained, extraction = "fine-tuning", "every weight (encoder + linear tag layer)", "—"
-        lines.append(f"| {approach} | {trained} | {headline(r)} | {r['train_minutes']:.1f} | {extraction} | "
-                     f"{r['train_result']['epochs']:.2f} | `{r['_name']}` |")
+        lines.append(f"| {approach} | {trained} | {headline(r)} | {extraction} | {r['train_minutes']:.1f} | "
+                     f"{r['eval_minutes']:.1f} | {r['train_result']['epochs']:.2f} of {r['train_examples']:,} | "
+                     f"`{r['_name']}` |")
     return "\n".join(lines)
 
 
