@@ -59,6 +59,8 @@ def load_records(folder: Path = RECORDS) -> list[dict]:
     records = []
     for path in sorted(folder.glob("*.json")):
         record = json.loads(path.read_text(encoding="utf-8"))
+        if "settings" not in record:  # a `berth evaluate` record (model, data, metrics): the prose cites it
+            continue
         record["_name"] = path.stem
         record["_task"] = task_of(record)
         records.append(record)
@@ -152,10 +154,12 @@ def recipe(record: dict) -> str:
     steps = f"{sched['steps']} of {sched['planned_steps']} planned steps" if sched else f"{record['train_result']['steps']} steps"
     budget = f", budget {s['max_minutes']:g} min" + (" (fitted)" if sched.get("fitted_to_budget") else "") if s.get("max_minutes") else ""
     chosen = record.get("pooling") or s.get("pooling")
-    if chosen == "auto" and Path(record["base"]).is_dir():  # records made before the choice was recorded
+    if chosen == "auto":  # records made before the choice was recorded
+        from training.checkpoint import default_base_path
         from training.finetune import default_pooling
 
-        chosen = default_pooling(Path(record["base"]))
+        base = default_base_path() if s.get("base") == "default" else Path(record["base"])  # venvs move
+        chosen = default_pooling(base) if base.is_dir() else chosen
     pooling = f", {chosen} pooling" if chosen and s["task"] in ("classification", "pair") else ""
     return (f"{steps} ({record['train_result']['epochs']:.2f} epochs){budget}, lr {s['learning_rate']:g}, "
             f"batch {s['batch_size']}{pooling}, {record['speed']['threads']} threads")
