@@ -47,7 +47,8 @@ def task_of(record: dict) -> str:
     if s["task"] == "qa":
         return "SQuAD v2.0" if ("v2" in train or s.get("version_2_with_negative")) else "SQuAD v1.1"
     if s["task"] == "ner":
-        return "CoNLL-2003" if "conll2003" in train else "NER"
+        name = "CoNLL-2003" if "conll2003" in train else "NER"
+        return f"{name} (feature-based)" if s.get("feature_based") else name
     for key, name in (("sst2", "SST-2"), ("mrpc", "MRPC"), ("stsb", "STS-B")):
         if key in train:
             return name
@@ -58,6 +59,8 @@ def load_records(folder: Path = RECORDS) -> list[dict]:
     records = []
     for path in sorted(folder.glob("*.json")):
         record = json.loads(path.read_text(encoding="utf-8"))
+        if "settings" not in record:  # a `berth evaluate` record (model, data, metrics): the prose cites it
+            continue
         record["_name"] = path.stem
         record["_task"] = task_of(record)
         records.append(record)
@@ -151,10 +154,12 @@ def recipe(record: dict) -> str:
     steps = f"{sched['steps']} of {sched['planned_steps']} planned steps" if sched else f"{record['train_result']['steps']} steps"
     budget = f", budget {s['max_minutes']:g} min" + (" (fitted)" if sched.get("fitted_to_budget") else "") if s.get("max_minutes") else ""
     chosen = record.get("pooling") or s.get("pooling")
-    if chosen == "auto" and Path(record["base"]).is_dir():  # records made before the choice was recorded
+    if chosen == "auto":  # records made before the choice was recorded
+        from training.checkpoint import default_base_path
         from training.finetune import default_pooling
 
-        chosen = default_pooling(Path(record["base"]))
+        base = default_base_path() if s.get("base") == "default" else Path(record["base"])  # venvs move
+        chosen = default_pooling(base) if base.is_dir() else chosen
     pooling = f", {chosen} pooling" if chosen and s["task"] in ("classification", "pair") else ""
     return (f"{steps} ({record['train_result']['epochs']:.2f} epochs){budget}, lr {s['learning_rate']:g}, "
             f"batch {s['batch_size']}{pooling}, {record['speed']['threads']} threads")
@@ -190,8 +195,30 @@ def pooling_table(records: list[dict]) -> str:
     ])
 
 
+def table7(records: list[dict]) -> str:
+    """The paper's Table 7 on our base: fine-tuning every weight vs a head trained on frozen features."""
+    lines = ["| approach | what is trained | CoNLL-2003 dev (all sentences) | frozen-feature extraction min | train min | "
+             "dev eval min | epochs of training sentences | record |", "|---|---|---|---:|---:|---:|---|---|"]
+    for r in records:
+        if not r["_task"].startswith("CoNLL-2003"):
+            continue
+        s, cache = r["settings"], r.get("feature_cache")
+        if s.get("feature_based"):
+            approach = "feature-based: concat last four hidden layers"
+            trained = (f"BiLSTM {s['lstm_layers']}x{s['lstm_hidden_size']} per direction + linear tag layer on "
+                       f"{cache['feature_width']} frozen features per token (cached as {cache['dtype']}, "
+                       f"{cache['cache_mb']:,.0f} MB)")
+            extraction = f"{cache['extract_minutes']:.1f}"
+        else:
+            approach, trained, extraction = "fine-tuning", "every weight (encoder + linear tag layer)", "—"
+        lines.append(f"| {approach} | {trained} | {headline(r)} | {extraction} | {r['train_minutes']:.1f} | "
+                     f"{r['eval_minutes']:.1f} | {r['train_result']['epochs']:.2f} of {r['train_examples']:,} | "
+                     f"`{r['_name']}` |")
+    return "\n".join(lines)
+
+
 BLOCKS = {"targets": targets_table, "runs": runs_table, "speed": speed_table, "padding": padding_table,
-          "pooling": pooling_table}
+          "pooling": pooling_table, "table7": table7}
 
 
 def render(text: str, records: list[dict]) -> str:

@@ -53,7 +53,7 @@ class TaskSpec(BaseModel):
 
     @property
     def head_class(self) -> str:
-        return HEAD_CLASSES[self.task]
+        return self.extra.get("head_class") or HEAD_CLASSES[self.task]  # e.g. feature-based NER's own head
 
     @property
     def output_names(self) -> tuple[str, ...]:

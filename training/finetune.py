@@ -63,8 +63,8 @@ def run_finetune(settings: FinetuneSettings) -> dict[str, float]:
     import torch
 
     from tasks.tokenizer import load_tokenizer
+    from training import feature_based, task_data
     from training import model as models
-    from training import task_data
     from training.checkpoint import load_pretrained, save_pretrained
     from training.trainer import train
 
@@ -80,8 +80,11 @@ def run_finetune(settings: FinetuneSettings) -> dict[str, float]:
     spec = adapter.spec(train_examples)
     log.info("task %s: %d train / %d dev examples, labels %s", spec.task, len(train_examples), len(dev_examples), spec.labels)
 
-    head = getattr(models, spec.head_class)
     overrides = {}
+    if settings.feature_based:
+        spec, head_fields = feature_based.head_setup(settings, spec)
+        overrides.update(head_fields)
+    head = getattr(models, spec.head_class)
     if spec.task in ("classification", "pair", "ner"):
         overrides["id2label"] = dict(enumerate(spec.labels)) if spec.labels else None
         if spec.problem_type == "regression":
@@ -94,10 +97,14 @@ def run_finetune(settings: FinetuneSettings) -> dict[str, float]:
     log.info("loaded %s from %s: %s", spec.head_class, base, report)
 
     dataset = adapter.features(train_examples, spec, training=True)
+    collate, cache_record = getattr(adapter, "collate", task_data.collate), None
+    if settings.feature_based:  # the frozen encoder runs once per sentence, here, not in the training loop
+        dataset, cache_record = feature_based.cache_features(model, dataset)
+        collate = feature_based.collate
     out = Path(settings.out)
     train_settings = settings.loop_settings(out / "train_state")
     started = time.time()
-    result = train(model, dataset, getattr(adapter, "collate", task_data.collate), train_settings)
+    result = train(model, dataset, collate, train_settings)
     train_minutes = (time.time() - started) / 60
     # The resumable state (optimizer moments etc., ~3x the model) is only needed while training.
     shutil.rmtree(train_settings.output_dir, ignore_errors=True)
@@ -130,6 +137,7 @@ def run_finetune(settings: FinetuneSettings) -> dict[str, float]:
             "real_tokens_per_s": result.tokens_per_s,
             "padded_over_real_tokens": result.padded_tokens / max(result.real_tokens, 1),
         },
+        "feature_cache": cache_record,
         "schedule": {"planned_steps": result.planned_steps, "steps": result.steps,
                      "fitted_to_budget": result.fitted_to_budget, "stopped_by": result.stopped_by},
     }

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tasks.embedding import check_layers
 from training.config import BertConfig
 
 ACTIVATIONS = {
@@ -415,6 +416,89 @@ class BertForTokenClassification(BertPreTrainedModel):
         return out
 
 
+# The paper's best feature-based configuration (Table 7): the last four hidden layers, concatenated.
+DEFAULT_FEATURE_LAYERS = (-4, -3, -2, -1)
+
+
+def reverse_within_length(x: Tensor, attention_mask: Tensor) -> Tensor:
+    """Each row's real positions in reverse order, padding left where it is (right padding assumed).
+
+    x (B, T, F), attention_mask (B, T). Applying it twice gives x back. Positions come from a cumsum,
+    not arange(T), so the ONNX trace keeps the sequence axis dynamic.
+    """
+    positions = torch.ones_like(attention_mask).cumsum(1) - 1  # (B, T): 0 .. T-1
+    lengths = attention_mask.sum(1, keepdim=True)  # (B, 1)
+    source = torch.where(positions < lengths, lengths - 1 - positions, positions)  # (B, T)
+    return torch.gather(x, 1, source.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+
+
+class PaddingFreeBiLSTM(nn.Module):
+    """A stacked bidirectional LSTM whose outputs at real tokens do not depend on the padding.
+
+    torch's bidirectional nn.LSTM reads a right-padded batch's padding before the real tokens in its
+    backward direction (unless the batch is packed, which the ONNX exporter does not carry). Here each
+    direction is its own one-layer LSTM and the backward one reads every row reversed within its own
+    length, so the same sentence gets the same outputs alone or in any dynamic batch.
+    """
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int):
+        super().__init__()
+        sizes = [input_size] + [2 * hidden_size] * (num_layers - 1)
+        self.forward_layers = nn.ModuleList(nn.LSTM(n, hidden_size, batch_first=True) for n in sizes)
+        self.backward_layers = nn.ModuleList(nn.LSTM(n, hidden_size, batch_first=True) for n in sizes)
+
+    def forward(self, x: Tensor, attention_mask: Tensor) -> Tensor:
+        """x (B, T, F) -> (B, T, 2 * hidden_size)."""
+        for forward_lstm, backward_lstm in zip(self.forward_layers, self.backward_layers):
+            ahead, _ = forward_lstm(x)  # (B, T, h)
+            behind, _ = backward_lstm(reverse_within_length(x, attention_mask))
+            x = torch.cat([ahead, reverse_within_length(behind, attention_mask)], dim=-1)  # (B, T, 2h)
+        return x
+
+
+class BertFeatureBasedTokenClassification(BertPreTrainedModel):
+    """Feature-based NER (the paper's Table 7): a BiLSTM and a linear tag layer over the FROZEN encoder's
+    hidden layers concatenated (config.extra: `feature_layers`, `lstm_hidden_size`, `lstm_layers`).
+
+    `forward` runs the encoder (serving, evaluation, export) or takes precomputed `features` (B, T, K * H)
+    (training over a cache: the encoder never runs there, so it stays exactly as loaded).
+    """
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config, add_pooling_layer=False)
+        layers = check_layers([int(i) for i in config.extra.get("feature_layers", DEFAULT_FEATURE_LAYERS)],
+                              config.num_hidden_layers)
+        self.feature_layers = [i % (config.num_hidden_layers + 1) for i in layers]  # indices into the L + 1 states
+        hidden = int(config.extra.get("lstm_hidden_size", 256))
+        self.lstm = PaddingFreeBiLSTM(len(self.feature_layers) * config.hidden_size, hidden,
+                                      int(config.extra.get("lstm_layers", 1)))
+        self.dropout = _dropout(config)
+        self.classifier = nn.Linear(2 * hidden, config.num_labels)
+        self.init_weights()
+        self.bert.requires_grad_(False)
+
+    def token_features(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+        """The chosen hidden layers concatenated per token: (B, T, K * H)."""
+        states = self.bert(input_ids, attention_mask, token_type_ids, output_hidden_states=True)["hidden_states"]
+        return states[:, :, self.feature_layers].flatten(2)  # (B, T, L + 1, H) -> (B, T, K * H)
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None, features=None):
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        if features is None:
+            features = self.token_features(input_ids, attention_mask, token_type_ids)
+        hidden = self.lstm(self.dropout(features.float()), attention_mask)  # (B, T, 2h)
+        logits = self.classifier(self.dropout(hidden))  # (B, T, C)
+        out = {"logits": logits}
+        if labels is not None:
+            out["loss"] = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+            scored = labels != -100
+            out["accuracy"] = (logits.argmax(-1)[scored] == labels[scored]).float().mean()
+        return out
+
+
 class BertForQuestionAnswering(BertPreTrainedModel):
     """Start and end logits per token: the answer is the best span (SQuAD)."""
 
@@ -510,6 +594,7 @@ MODEL_CLASSES: dict[str, type[BertPreTrainedModel]] = {
         BertForMaskedLM,
         BertForSequenceClassification,
         BertForTokenClassification,
+        BertFeatureBasedTokenClassification,
         BertForQuestionAnswering,
         BertForMultipleChoice,
         BertForSentenceEmbedding,

@@ -160,6 +160,13 @@ class FinetuneSettings(TrainLoopSettings):
                                    "trained too; dev scores use each word's first sub-token either way")
     version_2_with_negative: bool | None = Field(None, description="qa: train for unanswerable questions "
                                                  "(default: when the data has any)")
+    feature_based: bool = Field(False, description="ner: the paper's feature-based approach (Table 7): the encoder "
+                                "stays frozen, its last four hidden layers are concatenated per token, computed once "
+                                "and cached, and only a BiLSTM + linear tag layer is trained (give it a head's "
+                                "learning rate, e.g. --lr 1e-3)")
+    lstm_hidden_size: int = Field(256, gt=0, description="feature-based: BiLSTM units per direction")
+    lstm_layers: int = Field(1, gt=0, description="feature-based: stacked BiLSTM layers (two ran 4-6x slower per "
+                             "step on 2 CPU cores)")
     # -- the loop's defaults for fine-tuning
     epochs: float | None = loop_default("epochs", 3.0)
     warmup_ratio: float = loop_default("warmup_ratio", 0.1)

@@ -19,6 +19,9 @@ EXAMPLES = """examples:
   # CoNLL-2003 NER (IOB1 or IOB2 column files)
   berth finetune --task ner --train ../shared/data/conll2003/iob2/train.txt \\
       --dev ../shared/data/conll2003/iob2/valid.txt --out runs/conll
+  # the same, feature-based: a BiLSTM on the frozen encoder's last four layers (the paper's Table 7)
+  berth finetune --task ner --feature-based --lr 1e-3 --epochs 4 --train ../shared/data/conll2003/iob2/train.txt \\
+      --dev ../shared/data/conll2003/iob2/valid.txt --out runs/conll-features
   # SQuAD v1.1 from a Hugging Face BERT folder
   berth finetune --task qa --base path/to/bert-base-uncased --train train-v1.1.json --dev dev-v1.1.json --out runs/squad
   # multiple choice (SWAG's CSV, or JSON lines of {"context", "choices": [...], "label"})
@@ -41,7 +44,7 @@ GROUPS = {
     "data": ["task", "train_file", "dev_file", "out", "data_format", "text_column", "text_pair_column",
              "label_column", "labels", "regression", "max_train_examples", "max_eval_examples"],
     "model": ["base", "pooling", "max_seq_length", "doc_stride", "max_query_length", "version_2_with_negative",
-              "label_all_tokens"],
+              "label_all_tokens", "feature_based", "lstm_hidden_size", "lstm_layers"],
     "training": ["epochs", "max_steps", "max_minutes", "fit_schedule_to_budget", "learning_rate", "batch_size",
                  "grad_accum_steps", "warmup_ratio", "warmup_steps", "weight_decay", "seed", "group_by_length",
                  "num_threads", "device"],
