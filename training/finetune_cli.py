@@ -58,7 +58,8 @@ def _add_settings_args(p: argparse.ArgumentParser) -> None:
                         "hidden layers are concatenated per token, computed once and cached, and only a BiLSTM + "
                         "linear tag layer is trained (give it a head's learning rate, e.g. --lr 1e-3)")
     m.add_argument("--lstm-hidden-size", type=int, help="feature-based: BiLSTM units per direction (default 256)")
-    m.add_argument("--lstm-layers", type=int, help="feature-based: stacked BiLSTM layers (default 1: two ran 4-6x slower per step on 2 CPU cores)")
+    m.add_argument("--lstm-layers", type=int,
+                   help="feature-based: stacked BiLSTM layers (default 1; the paper used 2 of 768 per direction)")
     m.add_argument("--max-seq-length", type=int, help="tokens per sequence (default: 384 for qa, 128 otherwise)")
     m.add_argument("--doc-stride", type=int,
                    help="qa: context tokens shared by consecutive windows (default 128); ner: overlap of the "
