@@ -165,8 +165,8 @@ class FinetuneSettings(TrainLoopSettings):
                                 "and cached, and only a BiLSTM + linear tag layer is trained (give it a head's "
                                 "learning rate, e.g. --lr 1e-3)")
     lstm_hidden_size: int = Field(256, gt=0, description="feature-based: BiLSTM units per direction")
-    lstm_layers: int = Field(1, gt=0, description="feature-based: stacked BiLSTM layers (two ran 4-6x slower per "
-                             "step on 2 CPU cores)")
+    lstm_layers: int = Field(1, gt=0, description="feature-based: stacked BiLSTM layers (the paper used 2 "
+                             "of 768 per direction)")
     # -- the loop's defaults for fine-tuning
     epochs: float | None = loop_default("epochs", 3.0)
     warmup_ratio: float = loop_default("warmup_ratio", 0.1)
