@@ -235,3 +235,61 @@ def test_a_failing_forward_pass_fails_its_items_only(tokenizer):
     error, second = asyncio.run(scenario())
     assert isinstance(error, ItemFailed) and from_batcher(error).status == 500
     assert second.outputs["total"][0] > 0
+
+
+def test_the_next_take_is_prepared_while_a_pass_runs_and_results_keep_their_rows(tokenizer):
+    """Items that arrive while a pass runs are taken and padded then, and run the moment the worker is free;
+    each still gets its own rows, and each request its results in its own order."""
+    items = [encode(tokenizer, TEXTS[i % len(TEXTS)] + " x" * i) for i in range(12)]
+    inner = SumModel()
+    passes_started = []
+
+    def slow_model(feeds):
+        passes_started.append(time.monotonic())
+        time.sleep(0.15)
+        return inner(feeds)
+
+    async def scenario(pipeline: bool):
+        batcher, metrics = make_batcher(slow_model, per_token=True, max_batch_size=8, max_batch_tokens=512,
+                                        pipeline=pipeline)
+        batcher.start()
+        deadline = time.monotonic() + 30
+        first = batcher.submit(items[:4], deadline)
+        await asyncio.sleep(0.05)  # the first pass is running now
+        later = [batcher.submit(items[k : k + 2], deadline) for k in range(4, 12, 2)]
+        results = [await f for group in [first, *later] for f in group]
+        await batcher.close(5)
+        return results
+
+    for pipeline in (True, False):
+        inner.shapes.clear()
+        passes_started.clear()
+        results = asyncio.run(scenario(pipeline))
+        for item, result in zip(items, results):
+            assert result.outputs["total"][0] == sum(item.input_ids)
+            assert result.outputs["tokens"][:, 0].tolist() == item.input_ids
+        assert sum(b for b, _ in inner.shapes) == 12
+        if pipeline:  # the later items were taken during the first pass: no pass waited for a queue hop
+            assert all(b - a < 0.25 for a, b in zip(passes_started, passes_started[1:]))
+
+
+def test_measured_batch_sizes_per_length_are_honoured(tokenizer):
+    from tasks.inference import BatchTable
+
+    table = BatchTable(lengths=(8, 16, 32, 64), batch_sizes=(8, 4, 2, 1))  # long sequences: smaller passes
+    items = [encode(tokenizer, " ".join(["word"] * n)) for n in (2, 3, 4, 5, 10, 11, 12, 13, 20, 21, 22, 40, 41, 50)]
+    model = SumModel()
+
+    async def scenario():
+        batcher, _ = make_batcher(model, max_batch_size=16, max_batch_tokens=1024, table=table)
+        batcher.start()
+        results = await asyncio.gather(*batcher.submit(items, time.monotonic() + 30))
+        await batcher.close(5)
+        return results
+
+    results = asyncio.run(scenario())
+    assert [r.outputs["total"][0] for r in results] == [sum(x.input_ids) for x in items]
+    for batch, width in model.shapes:
+        assert batch <= table.best_batch_size(width), (batch, width)
+    assert [len(x) for x in items] == [4, 5, 6, 7, 12, 13, 14, 15, 22, 23, 24, 42, 43, 52]
+    assert sorted(model.shapes) == [(1, 32), (1, 64), (1, 64), (1, 64), (2, 32), (4, 8), (4, 16)]
