@@ -27,6 +27,8 @@ SETTING_FLAGS = {  # flag -> (settings field, type, help)
     "--max-batch-size": ("max_batch_size", int, "most items in one forward pass (default 32)"),
     "--max-batch-tokens": ("max_batch_tokens", int, "most padded tokens in one forward pass (default 8192)"),
     "--max-wait-ms": ("max_wait_ms", float, "longest wait for a batch to fill (default 2)"),
+    "--batch-table": ("batch_table", Path, "measured batch sizes by length (python -m bench.batch_table): a JSON "
+                                           "file, or a folder of <model>.json (default: max-batch-size everywhere)"),
     "--max-queue-items": ("max_queue_items", int, "queued items per model before 429 (default 2048)"),
     "--max-inputs": ("max_inputs_per_request", int, "inputs per request (default 256)"),
     "--max-chars": ("max_chars_per_input", int, "characters per input (default 100000)"),
