@@ -291,7 +291,8 @@ def summarize(result: dict[str, Any]) -> list[dict[str, Any]]:
             engine = result["engine"][name][precision]
             by_clients = {row["clients"]: row for row in levels}
             one, many = by_clients.get(1), by_clients.get(32)
-            peer32 = naive.get(32) or naive.get("32")  # (a JSON round trip makes the key a string)
+            beside = naive.get(precision, {})
+            peer32 = beside.get(32) or beside.get("32")  # (a JSON round trip makes the key a string)
             long = name in LONG_WORKLOADS
             row = {"workload": name, "precision": precision,
                    "engine_best_rps": engine["best_requests_per_s"], "engine_batch1_p50_ms": engine["batch1_p50_ms"]}
@@ -390,39 +391,30 @@ def main(argv: list[str] | None = None) -> int:
         # Read when its turn comes: a bundle still being exported at the start is measured if ready by then.
         by_task = {load_bundle(folder).task: load_bundle(folder) for folder in sorted(repository.iterdir())
                    if (folder / "bundle.json").is_file()}
-        for name, load in chosen.items():
-            if TASK_OF[load["route"]] not in by_task:
-                print(f"no {precision} bundle for {name} (its export failed the gate?): skipped", flush=True)
-                continue
-            bundle = by_task[TASK_OF[load["route"]]]
-            items = request_inputs(bundle, load_tokenizer(bundle.tokenizer_path), load["route"], load["body"])
-            result["workloads"][name] = {"route": load["route"], "model_inputs": len(items),
-                                         "tokens": [len(i) for i in items]}
-            figures = engine_figures(bundle, items, args.threads, args.batch_sizes, args.engine_seconds)
-            result["engine"].setdefault(name, {})[precision] = figures
-            print(f"engine {precision} {name}: batch-1 {figures['batch1_p50_ms']:.2f} ms, best "
-                  f"{figures['best_requests_per_s']:.1f} req/s at {figures['best_batch']} requests/batch", flush=True)
+        # Side by side: per route, the raw engine, berth (one server per precision, idle between levels) and
+        # the naive peer of that route are measured back to back, so they see the same neighbours.
         port, server = serve_repository(repositories[precision], args.threads, args.work, args.serve_arg)
         with server as proc:
-            for name, load in chosen.items():
-                if name not in result["engine"] or precision not in result["engine"][name]:
+            for route in dict.fromkeys(load["route"] for load in chosen.values()):
+                if TASK_OF[route] not in by_task:
+                    print(f"no {precision} bundle for {route} (its export failed the gate?): skipped", flush=True)
                     continue
-                for clients in args.concurrency:
-                    row = hey(port, load["route"], load["body"], clients, args.seconds, proc.pid, args.work)
-                    result["berth"].setdefault(name, {}).setdefault(precision, []).append(row)
-                    _print_level("berth", precision, name, row)
-                    _save(result, args.out)
-    for route, checkpoint in checkpoints.items():
-        port, server = naive_peer(checkpoint, TASK_OF[route], args.threads, args.work)
-        with server as proc:
-            for name, load in chosen.items():
-                if load["route"] != route:
-                    continue
-                for clients in args.naive_concurrency:
-                    row = hey(port, route, load["body"], clients, args.seconds, proc.pid, args.work)
-                    result["naive"].setdefault(name, {})[clients] = row
-                    _print_level("naive", "fp32", name, row)
-                    _save(result, args.out)
+                bundle = by_task[TASK_OF[route]]
+                peer = None
+                if route in checkpoints and args.naive_concurrency:
+                    peer_port, peer = naive_peer(checkpoints[route], TASK_OF[route], args.threads, args.work)
+                with peer if peer is not None else _nothing() as peer_proc:
+                    for name, load in chosen.items():
+                        if load["route"] != route:
+                            continue
+                        measure_workload(result, args, name, load, precision, bundle, port, proc)
+                        if peer_proc is not None:
+                            for clients in args.naive_concurrency:
+                                row = hey(peer_port, route, load["body"], clients, args.seconds, peer_proc.pid,
+                                          args.work)
+                                result["naive"].setdefault(name, {}).setdefault(precision, {})[clients] = row
+                                _print_level("naive", f"(beside {precision})", name, row)
+                                _save(result, args.out)
     result["complete"] = True
     _save(result, args.out)
     table = report_markdown(result)
@@ -430,6 +422,29 @@ def main(argv: list[str] | None = None) -> int:
     args.out.with_suffix(".md").write_text(table + "\n", encoding="utf-8")
     print(f"\nwrote {args.out} and {args.out.with_suffix('.md')}")
     return 0
+
+
+def measure_workload(result: dict[str, Any], args: argparse.Namespace, name: str, load: dict[str, Any],
+                     precision: str, bundle: Any, port: int, proc: subprocess.Popen) -> None:
+    """The raw engine on the workload's request, then berth under hey at each level."""
+    from tasks.tokenizer import load_tokenizer
+
+    items = request_inputs(bundle, load_tokenizer(bundle.tokenizer_path), load["route"], load["body"])
+    result["workloads"][name] = {"route": load["route"], "model_inputs": len(items), "tokens": [len(i) for i in items]}
+    figures = engine_figures(bundle, items, args.threads, args.batch_sizes, args.engine_seconds)
+    result["engine"].setdefault(name, {})[precision] = figures
+    print(f"engine {precision} {name}: batch-1 {figures['batch1_p50_ms']:.2f} ms, best "
+          f"{figures['best_requests_per_s']:.1f} req/s at {figures['best_batch']} requests/batch", flush=True)
+    for clients in args.concurrency:
+        row = hey(port, load["route"], load["body"], clients, args.seconds, proc.pid, args.work)
+        result["berth"].setdefault(name, {}).setdefault(precision, []).append(row)
+        _print_level("berth", precision, name, row)
+        _save(result, args.out)
+
+
+@contextmanager
+def _nothing():
+    yield None
 
 
 def _save(result: dict[str, Any], out: Path) -> None:
