@@ -1,34 +1,39 @@
 """Dynamic batching for one model: a bounded queue of *items* and one worker thread.
 
-An item is one model input (a text, a pair, a QA or NER window). A request of 64 texts and 64
-requests of one text enter the queue alike, as 64 items, and are admitted, batched and refused alike.
+An item is one model input (a text, a pair, a QA or NER window). A request of 64 texts and 64 requests of one text
+enter the queue alike, as 64 items, and are admitted, batched and refused alike. A *batch* is what one forward
+pass sees; the items taken from the queue at once (a *take*) run as one batch per padded width, planned, padded,
+run and split into each item's rows by the one inference path (tasks/inference.py) that training's dev metrics
+and the parity gate use too. The batcher only queues: it raises its own errors (BatcherError), and the service
+maps them to HTTP (service/errors.py).
 
 The batcher is a small state machine (after text-embeddings-inference's `queue.rs`):
 
     ACCEPTING --begin_draining()--> DRAINING --queue empty (or close() timeout)--> STOPPED
 
-    ACCEPTING: `submit` admits items while the queue has room; else 429 with Retry-After.
-    DRAINING:  `submit` refuses with 503 (shutting down); what is queued still runs.
-    STOPPED:   the loop has ended; anything still queued failed with 503.
+    ACCEPTING: `submit` admits items while the queue has room; else QueueFull (with retry_after).
+    DRAINING:  `submit` refuses with NotAccepting; what is queued still runs.
+    STOPPED:   the loop has ended; anything still queued failed with NotAccepting.
 
 Its loop, while not STOPPED:
 
     IDLE     queue empty: sleep until an item arrives.
-    FILLING  only while requests for this model are being tokenized (`expect`): wait for their items
-             until the batch budget is full or the oldest item's t0 + max_wait has passed. With nothing
-             known to be coming, a batch starts at once: an idle server adds no wait.
-    TAKING   fair share: the queue is one sub-queue per request, served round-robin, one item per request
-             per turn, while items fit max_batch_size and max_batch_tokens (padded: items x the padded
-             length of the longest). A request of 1,000 windows and a one-sentence request that arrives
-             behind it share the next batch. Items whose client has gone (future cancelled) or whose
+    FILLING  only while requests for this model are being tokenized (`expect`) and no pass runs: wait for their
+             items until the budget is full or the oldest item's t0 + max_wait has passed. With nothing known to
+             be coming, a take starts at once: an idle server adds no wait.
+    TAKING   fair share: the queue is one sub-queue per request, served round-robin, one item per request per
+             turn, while the items fit one pass's budget (the batch size for their padded width, measured or
+             max_batch_size, and max_batch_tokens). A request of 1,000 windows and a one-sentence request that
+             arrives behind it share the next take. Items whose client has gone (future cancelled) or whose
              deadline passed are dropped here, before any compute, and counted by reason.
-    RUNNING  in the model's worker thread, holding one of the process's compute slots: sort the batch by
-             length, pad each group (CPU: to its longest item rounded up to `pad_multiple`; CUDA: to its
-             length bucket, so the GPU sees few shapes), run, and hand each item its own rows. A pass
-             that raises is retried by halves down to the item(s) that fail it; only those fail.
+    RUNNING  in the model's worker thread, holding one of the process's compute slots: the take's batches, padded
+             in the event loop beforehand (CPU: to the longest item rounded up to `pad_multiple`; CUDA: to its
+             length bucket). A pass that raises is retried by halves down to the item(s) that fail it (ItemFailed).
+             With `pipeline`, items that arrive meanwhile are taken and padded into the next take, which starts
+             the moment the worker is free: one take ahead, never more.
 
 Each item's lifecycle: QUEUED -> DROPPED (cancelled | expired | shutdown) or BATCHED -> done/failed.
-An item too long for the model or for the token budget is refused at admission (413), so nothing
+An item too long for the model or for the token budget is refused at admission (ItemTooLarge), so nothing
 in the queue can stall it. After `max_consecutive_failures` failed passes in a row (no success in
 between) the batcher reports itself unhealthy, and /readyz turns 503 until a pass succeeds again.
 """
