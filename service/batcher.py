@@ -433,7 +433,11 @@ class Batcher:
         take.launched = True
         live = [item for item in take.items if not item.future.done()]
         if len(live) != len(take.items):
-            self._metrics.items_dropped.labels(self.model, "cancelled").inc(len(take.items) - len(live))
+            now = time.monotonic()
+            for item in take.items:
+                if item.future.done():  # its request timed out (expired) or its client left (cancelled)
+                    reason = "expired" if now >= item.deadline - 0.005 else "cancelled"
+                    self._metrics.items_dropped.labels(self.model, reason).inc()
             take.items = live
             take.prepare(self.policy)
         started = time.monotonic()
