@@ -21,7 +21,8 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 
 PIPELINES = {"classification": "text-classification", "pair": "text-classification",
-             "ner": "token-classification", "qa": "question-answering"}
+             "ner": "token-classification", "qa": "question-answering", "fill-mask": "fill-mask",
+             "embedding": "sentence-transformers", "multiple-choice": "multiple-choice (by hand)"}
 
 
 class Text(BaseModel):
@@ -49,6 +50,12 @@ def create_app(checkpoint: str, threads: int, task: str = "classification") -> F
     settings = json.loads((Path(checkpoint) / "berth_task.json").read_text()) if task == "qa" else {}
     if task == "qa":  # transformers 5 removed the question-answering pipeline: the few lines a user writes
         model = _qa_answerer(checkpoint, settings.get("max_seq_length", 384), settings.get("doc_stride", 128))
+    elif task == "embedding":
+        from sentence_transformers import SentenceTransformer
+
+        model = SentenceTransformer(checkpoint, device="cpu")
+    elif task == "multiple-choice":
+        model = _chooser(checkpoint)
     else:
         kwargs = {"aggregation_strategy": "simple"} if task == "ner" else {}
         model = pipeline(PIPELINES[task], model=checkpoint, device=-1, **kwargs)
@@ -67,16 +74,49 @@ def create_app(checkpoint: str, threads: int, task: str = "classification") -> F
         @app.post("/v1/ner")
         def entities(body: Text) -> dict:
             return {"model": "naive", "results": [_plain(model(body.inputs))]}
-    else:
+    elif task == "qa":
         @app.post("/v1/qa")
         def answer(body: Pair) -> dict:
             return {"model": "naive", "results": [model(body.inputs["question"], body.inputs["context"])]}
+    elif task == "fill-mask":
+        @app.post("/v1/fill-mask")
+        def fill(body: Text) -> dict:
+            return {"model": "naive", "results": [_plain(model(body.inputs, top_k=5))]}
+    elif task == "embedding":
+        @app.post("/v1/embed")
+        def embed(body: Text) -> dict:
+            return {"model": "naive", "results": [model.encode(body.inputs).tolist()]}
+    else:
+        @app.post("/v1/choice")
+        def choose(body: Choice) -> dict:
+            return {"model": "naive", "results": [model(body.inputs["context"], body.inputs["choices"])]}
 
     @app.get("/readyz")
     def readyz() -> dict:
         return {"status": "ready"}
 
     return app
+
+
+class Choice(BaseModel):
+    inputs: dict[str, Any]
+
+
+def _chooser(checkpoint: str):
+    """Context + choices -> the best choice: one forward of all (context, choice) pairs per request."""
+    import torch
+    from transformers import AutoModelForMultipleChoice, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    model = AutoModelForMultipleChoice.from_pretrained(checkpoint).eval()
+
+    def choose(context: str, choices: list[str]) -> dict:
+        encoded = tokenizer([context] * len(choices), choices, truncation=True, padding=True, return_tensors="pt")
+        with torch.inference_mode():
+            logits = model(**{k: v[None] for k, v in encoded.items()}).logits[0]  # (C,)
+        return {"choice": int(logits.argmax()), "scores": logits.softmax(-1).tolist()}
+
+    return choose
 
 
 def _qa_answerer(checkpoint: str, max_length: int, stride: int, max_answer_tokens: int = 30):

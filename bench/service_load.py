@@ -1,21 +1,27 @@
 """Service load benchmark: berth under load from a compiled generator, beside the raw engine and the naive peer.
 
 One run, side by side (GUIDE.md §4), per workload (classify short/long, pair, NER, QA short/long
-contexts) and precision (fp32, int8 bundles of the same fine-tuned models):
+contexts, embed short/long, fill-mask, multiple choice) and precision (fp32, int8 bundles of the same
+fine-tuned models):
 1. the **raw engine**: ONNX Runtime on the bundle's model.onnx in this process (no HTTP, no queue, the
    request's inputs pre-encoded): batch-1 latency (the latency floor) and the best requests/s over batch
    sizes (the ceiling), each batch holding copies of the workload's request (as the generator sends);
 2. **berth serve** (a real server on 127.0.0.1) under `hey` (a Go HTTP load generator from Debian:
    `apt-get install hey`) at each concurrency level, one request = one input, closed loop;
-3. the **naive peer** (bench/naive_peer.py: FastAPI + a transformers pipeline, one forward per request)
-   on the same fine-tuned checkpoints, under the same levels.
+3. the **naive peer** (bench/naive_peer.py: FastAPI + a transformers pipeline / sentence-transformers,
+   one forward per request) on the same fine-tuned checkpoints (by default those the bundles' manifests
+   name), under the same levels.
 The generator's own CPU time is measured (its rusage) and reported as a share of the machine, beside the
 server's. Every level is bounded in time (--seconds); only 127.0.0.1 is used.
 
-    .venv/bin/python -m bench.service_load --models fp32=models/fp32 int8=models/int8 \
-        --checkpoints classify=runs/sst2 pair=runs/mrpc ner=runs/conll03 qa=runs/squad
+The whole run, from the repository `make bundles` builds (each bundle re-exported as fp32 and int8 from
+its checkpoint into --work, once):
 
-Prints a table and writes bench/results/service_load.json with the machine facts.
+    .venv/bin/python -m bench.service_load --from-repository models --seconds 12 --concurrency 1 8 32 128 \
+        --naive-concurrency 1 32
+
+or from repositories already exported: `--models fp32=models/fp32 int8=models/int8`. Writes
+bench/results/service_load.json (with the machine facts) and the docs table beside it (service_load.md).
 """
 
 from __future__ import annotations
@@ -43,8 +49,11 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 SHARED_DATA = Path(os.environ.get("BERTH_SHARED_DATA", REPO.parent / "shared" / "data"))
 LIBRARIES = ("onnxruntime", "fastapi", "uvicorn", "torch", "transformers", "tokenizers", "numpy")
-TASK_OF = {"classify": "classification", "pair": "pair", "ner": "ner", "qa": "qa"}
-ROUTE = {"classify": "/v1/classify", "pair": "/v1/pair", "ner": "/v1/ner", "qa": "/v1/qa"}
+TASK_OF = {"classify": "classification", "pair": "pair", "ner": "ner", "qa": "qa", "embed": "embedding",
+           "fill-mask": "fill-mask", "choice": "multiple-choice"}
+ROUTE = {"classify": "/v1/classify", "pair": "/v1/pair", "ner": "/v1/ner", "qa": "/v1/qa", "embed": "/v1/embed",
+         "fill-mask": "/v1/fill-mask", "choice": "/v1/choice"}
+LONG_WORKLOADS = ("classify-long", "qa-long", "embed-long")
 
 
 # -- the workloads: one real request body each ---------------------------------------------------------------
@@ -67,6 +76,8 @@ def workloads(tokenizer) -> dict[str, dict[str, Any]]:
     squad = qa.read_squad(SHARED_DATA / "squad" / "v1.1" / "dev-v1.1.json")
     typical = squad[0]
     longest = max(squad[:3000], key=lambda e: len(e.context))
+    masked = short.split()
+    masked[len(masked) // 2] = "[MASK]"
     return {
         "classify-short": {"route": "classify", "body": {"inputs": short}},
         "classify-long": {"route": "classify", "body": {"inputs": " ".join(words)}},
@@ -74,20 +85,32 @@ def workloads(tokenizer) -> dict[str, dict[str, Any]]:
         "ner": {"route": "ner", "body": {"inputs": sentence}},
         "qa": {"route": "qa", "body": {"inputs": {"question": typical.question, "context": typical.context}}},
         "qa-long": {"route": "qa", "body": {"inputs": {"question": longest.question, "context": longest.context}}},
+        "embed": {"route": "embed", "body": {"inputs": short}},
+        "embed-long": {"route": "embed", "body": {"inputs": " ".join(words)}},
+        "fill-mask": {"route": "fill-mask", "body": {"inputs": " ".join(masked)}},
+        # SWAG-like: a context and four endings (one model input each)
+        "choice": {"route": "choice", "body": {"inputs": {"context": sst2[1].text, "choices": [
+            e.text for e in sst2[2:6]]}}},
     }
 
 
 def request_inputs(bundle, tokenizer, route: str, body: dict) -> list[Any]:
     """The model inputs (sequences / windows) berth makes of one request body."""
     from tasks import classification, ner, qa
+    from tasks.tokenizer import encode
 
     spec = bundle.spec()
     inputs = body["inputs"]
-    if route == "classify":
+    if route in ("classify", "embed"):
         return [classification.encode_classification(tokenizer, inputs, max_length=spec.max_seq_length)]
     if route == "pair":
         return [classification.encode_classification(tokenizer, inputs["text"], inputs["text_pair"],
                                                      max_length=spec.max_seq_length)]
+    if route == "fill-mask":
+        return [encode(tokenizer, inputs, max_length=None)]
+    if route == "choice":
+        return [classification.encode_classification(tokenizer, inputs["context"], choice,
+                                                     max_length=spec.max_seq_length) for choice in inputs["choices"]]
     if route == "ner":
         stride = min(spec.doc_stride, (spec.max_seq_length - 2) // 2)
         return list(ner.ner_windows(tokenizer, inputs, spec.max_seq_length, stride))
@@ -213,6 +236,49 @@ def naive_peer(checkpoint: Path, task: str, threads: int, work: Path):
     return port, running(command, port, work / f"naive-{task}.log")
 
 
+# -- one command: the repositories by precision and the peers' checkpoints, from one model repository ----------
+
+
+def export_precisions(repository: Path, precisions: list[str], work: Path, threads: int) -> dict[str, Path]:
+    """`work/<precision>/<name>`: each bundle of `repository` exported again in each precision from the
+    fine-tuned checkpoint its manifest names (once; an existing bundle is kept). An int8 export that fails its
+    gate leaves that task out of the int8 repository (the benchmark says so)."""
+    from export.bundle_builder import export_bundle
+    from export.parity import ParityError
+    from tasks.bundle import find_bundles, load_bundle
+
+    out = {}
+    for precision in precisions:
+        target = work / precision
+        for folder in find_bundles(repository):
+            bundle = load_bundle(folder)
+            checkpoint = Path(bundle.source.get("checkpoint", ""))
+            if (target / folder.name / "bundle.json").is_file() or not (checkpoint / "config.json").is_file():
+                continue
+            print(f"exporting {folder.name} ({bundle.task}) as {precision} from {checkpoint}", flush=True)
+            try:
+                export_bundle(checkpoint, target / folder.name, precision=precision, task=bundle.task,
+                              threads=threads, prefer_gpu=False)
+            except ParityError as error:
+                print(f"{folder.name}: {precision} failed its gate, left out:\n{error}", flush=True)
+        out[precision] = target
+    return out
+
+
+def peer_checkpoints(repository: Path) -> dict[str, Path]:
+    """route -> the fine-tuned checkpoint of the repository's bundle of that route's task (for the naive peer)."""
+    from tasks.bundle import find_bundles, load_bundle
+
+    found = {}
+    for folder in find_bundles(repository):
+        bundle = load_bundle(folder)
+        checkpoint = Path(bundle.source.get("checkpoint", ""))
+        route = next((r for r, task in TASK_OF.items() if task == bundle.task), None)
+        if route and route not in found and (checkpoint / "config.json").is_file():
+            found[route] = checkpoint
+    return found
+
+
 # -- the report ----------------------------------------------------------------------------------------------
 
 
@@ -225,8 +291,9 @@ def summarize(result: dict[str, Any]) -> list[dict[str, Any]]:
             engine = result["engine"][name][precision]
             by_clients = {row["clients"]: row for row in levels}
             one, many = by_clients.get(1), by_clients.get(32)
-            peer32 = naive.get(32) or naive.get("32")  # (a JSON round trip makes the key a string)
-            long = name in ("classify-long", "qa-long")
+            beside = naive.get(precision, {})
+            peer32 = beside.get(32) or beside.get("32")  # (a JSON round trip makes the key a string)
+            long = name in LONG_WORKLOADS
             row = {"workload": name, "precision": precision,
                    "engine_best_rps": engine["best_requests_per_s"], "engine_batch1_p50_ms": engine["batch1_p50_ms"]}
             if many:
@@ -250,17 +317,22 @@ def _f(value: float | None, spec: str = ".1f") -> str:
     return "–" if value is None else format(value, spec)
 
 
-def print_report(result: dict[str, Any]) -> None:
-    print("\n| workload | precision | engine best req/s | berth req/s @32 | share (target) | p50 @1 ms (engine b1 + "
-          "overhead) | p99/p50 @32 | naive req/s @32 | × naive (target) | hey CPU share |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+def report_markdown(result: dict[str, Any]) -> str:
+    """The docs table: per workload and precision, the issue's figures beside their targets."""
+    lines = ["| workload | precision | engine best req/s | berth req/s @32 | share (target) | p50 @1 ms (engine b1 + "
+             "overhead) | p99/p50 @32 | naive req/s @32 | × naive (target) | hey CPU share |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for row in result["summary"]:
-        print(f"| {row['workload']} | {row['precision']} | {_f(row['engine_best_rps'])} | {_f(row.get('rps_32'))} | "
-              f"{_f(100 * row.get('share_of_engine', float('nan')), '.0f')}% (≥{100 * row.get('share_target', 0):.0f}%) | "
-              f"{_f(row.get('p50_1'))} ({_f(row['engine_batch1_p50_ms'])} + {_f(row.get('overhead_ms'))}) | "
-              f"{_f(row.get('p99_over_p50'), '.2f')} | {_f(row.get('naive_rps_32'))} | "
-              f"{_f(row.get('vs_naive'), '.1f')}× (≥{_f(row.get('vs_naive_target'), '.0f')}×) | "
-              f"{_f(100 * row.get('generator_cpu_share', float('nan')), '.0f')}% |")
+        lines.append(
+            f"| {row['workload']} | {row['precision']} | {_f(row['engine_best_rps'])} | {_f(row.get('rps_32'))} | "
+            f"{_f(100 * row.get('share_of_engine', float('nan')), '.0f')}% (≥{100 * row.get('share_target', 0):.0f}%) | "
+            f"{_f(row.get('p50_1'))} ({_f(row['engine_batch1_p50_ms'])} + {_f(row.get('overhead_ms'))}) | "
+            f"{_f(row.get('p99_over_p50'), '.2f')} | {_f(row.get('naive_rps_32'))} | "
+            f"{_f(row.get('vs_naive'), '.1f')}× (≥{_f(row.get('vs_naive_target'), '.0f')}×) | "
+            f"{_f(100 * row.get('generator_cpu_share', float('nan')), '.0f')}% |")
+    load = [result.get("load_average_start"), result.get("load_average_end")]
+    lines.append(f"\nGenerator: {result.get('generator', 'hey')}; load average at start / end: {load[0]} / {load[1]}.")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -272,7 +344,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", metavar="PRECISION=FOLDER",
                         help="model repositories by precision; each holds one bundle per task (classify, pair, ner, qa)")
     parser.add_argument("--checkpoints", nargs="+", default=[], metavar="ROUTE=FOLDER",
-                        help="fine-tuned folders for the naive peer, by route (classify, pair, ner, qa)")
+                        help="fine-tuned folders for the naive peer, by route (default: the checkpoints the bundles' "
+                             "manifests name)")
+    parser.add_argument("--from-repository", type=Path, metavar="FOLDER",
+                        help="instead of --models: export each bundle of this repository (e.g. models/, as `make "
+                             "bundles` builds it) in each of --precisions from its checkpoint, into --work")
+    parser.add_argument("--precisions", nargs="+", default=["fp32", "int8"])
     parser.add_argument("--workloads", nargs="+", help="a subset of the workloads")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--naive-concurrency", type=int, nargs="+", default=[32])
@@ -286,15 +363,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.markdown:
         recorded = json.loads(args.markdown.read_text(encoding="utf-8"))
-        print_report({**recorded, "summary": summarize(recorded)})
+        print(report_markdown({**recorded, "summary": summarize(recorded)}))
         return 0
-    if not args.models:
-        parser.error("--models is needed")
+    if not args.models and not args.from_repository:
+        parser.error("--models or --from-repository is needed")
     if shutil.which("hey") is None:
         raise SystemExit("bench.service_load needs `hey` (a Go load generator): apt-get install -y hey")
-    repositories = {k: Path(v) for k, v in (item.split("=", 1) for item in args.models)}
-    checkpoints = {k: Path(v) for k, v in (item.split("=", 1) for item in args.checkpoints)}
     args.work.mkdir(parents=True, exist_ok=True)
+    if args.from_repository:
+        repositories = export_precisions(args.from_repository, args.precisions, args.work, args.threads)
+    else:
+        repositories = {k: Path(v) for k, v in (item.split("=", 1) for item in args.models)}
+    checkpoints = peer_checkpoints(next(iter(repositories.values())))
+    checkpoints.update({k: Path(v) for k, v in (item.split("=", 1) for item in args.checkpoints)})
 
     first = next(load_bundle(f) for f in sorted(next(iter(repositories.values())).iterdir())
                  if (f / "bundle.json").is_file())
@@ -302,51 +383,68 @@ def main(argv: list[str] | None = None) -> int:
     if args.workloads:
         chosen = {k: v for k, v in chosen.items() if k in args.workloads}
     result: dict[str, Any] = {"machine": machine_facts(args.threads, LIBRARIES), "generator": _hey_version(),
-                              "settings": vars(args) | {"models": args.models}, "workloads": {},
+                              "settings": vars(args) | {"models": {k: str(v) for k, v in repositories.items()}},
+                              "load_average_start": list(os.getloadavg()), "workloads": {},
                               "engine": {}, "berth": {}, "naive": {}, "complete": False}
     result["settings"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in result["settings"].items()}
     for precision, repository in repositories.items():
         # Read when its turn comes: a bundle still being exported at the start is measured if ready by then.
         by_task = {load_bundle(folder).task: load_bundle(folder) for folder in sorted(repository.iterdir())
                    if (folder / "bundle.json").is_file()}
-        for name, load in chosen.items():
-            if TASK_OF[load["route"]] not in by_task:
-                print(f"no {precision} bundle for {name} (its export failed the gate?): skipped", flush=True)
-                continue
-            bundle = by_task[TASK_OF[load["route"]]]
-            items = request_inputs(bundle, load_tokenizer(bundle.tokenizer_path), load["route"], load["body"])
-            result["workloads"][name] = {"route": load["route"], "model_inputs": len(items),
-                                         "tokens": [len(i) for i in items]}
-            figures = engine_figures(bundle, items, args.threads, args.batch_sizes, args.engine_seconds)
-            result["engine"].setdefault(name, {})[precision] = figures
-            print(f"engine {precision} {name}: batch-1 {figures['batch1_p50_ms']:.2f} ms, best "
-                  f"{figures['best_requests_per_s']:.1f} req/s at {figures['best_batch']} requests/batch", flush=True)
+        # Side by side: per route, the raw engine, berth (one server per precision, idle between levels) and
+        # the naive peer of that route are measured back to back, so they see the same neighbours.
         port, server = serve_repository(repositories[precision], args.threads, args.work, args.serve_arg)
         with server as proc:
-            for name, load in chosen.items():
-                if name not in result["engine"] or precision not in result["engine"][name]:
+            for route in dict.fromkeys(load["route"] for load in chosen.values()):
+                if TASK_OF[route] not in by_task:
+                    print(f"no {precision} bundle for {route} (its export failed the gate?): skipped", flush=True)
                     continue
-                for clients in args.concurrency:
-                    row = hey(port, load["route"], load["body"], clients, args.seconds, proc.pid, args.work)
-                    result["berth"].setdefault(name, {}).setdefault(precision, []).append(row)
-                    _print_level("berth", precision, name, row)
-                    _save(result, args.out)
-    for route, checkpoint in checkpoints.items():
-        port, server = naive_peer(checkpoint, TASK_OF[route], args.threads, args.work)
-        with server as proc:
-            for name, load in chosen.items():
-                if load["route"] != route:
-                    continue
-                for clients in args.naive_concurrency:
-                    row = hey(port, route, load["body"], clients, args.seconds, proc.pid, args.work)
-                    result["naive"].setdefault(name, {})[clients] = row
-                    _print_level("naive", "fp32", name, row)
-                    _save(result, args.out)
+                bundle = by_task[TASK_OF[route]]
+                peer = None
+                if route in checkpoints and args.naive_concurrency:
+                    peer_port, peer = naive_peer(checkpoints[route], TASK_OF[route], args.threads, args.work)
+                with peer if peer is not None else _nothing() as peer_proc:
+                    for name, load in chosen.items():
+                        if load["route"] != route:
+                            continue
+                        measure_workload(result, args, name, load, precision, bundle, port, proc)
+                        if peer_proc is not None:
+                            for clients in args.naive_concurrency:
+                                row = hey(peer_port, route, load["body"], clients, args.seconds, peer_proc.pid,
+                                          args.work)
+                                result["naive"].setdefault(name, {}).setdefault(precision, {})[clients] = row
+                                _print_level("naive", f"(beside {precision})", name, row)
+                                _save(result, args.out)
     result["complete"] = True
     _save(result, args.out)
-    print_report(result)
-    print(f"\nwrote {args.out}")
+    table = report_markdown(result)
+    print("\n" + table)
+    args.out.with_suffix(".md").write_text(table + "\n", encoding="utf-8")
+    print(f"\nwrote {args.out} and {args.out.with_suffix('.md')}")
     return 0
+
+
+def measure_workload(result: dict[str, Any], args: argparse.Namespace, name: str, load: dict[str, Any],
+                     precision: str, bundle: Any, port: int, proc: subprocess.Popen) -> None:
+    """The raw engine on the workload's request, then berth under hey at each level."""
+    from tasks.tokenizer import load_tokenizer
+
+    items = request_inputs(bundle, load_tokenizer(bundle.tokenizer_path), load["route"], load["body"])
+    result["workloads"][name] = {"route": load["route"], "model_inputs": len(items), "tokens": [len(i) for i in items]}
+    figures = engine_figures(bundle, items, args.threads, args.batch_sizes, args.engine_seconds)
+    result["engine"].setdefault(name, {})[precision] = figures
+    print(f"engine {precision} {name}: batch-1 {figures['batch1_p50_ms']:.2f} ms, best "
+          f"{figures['best_requests_per_s']:.1f} req/s at {figures['best_batch']} requests/batch", flush=True)
+    for clients in args.concurrency:
+        row = hey(port, load["route"], load["body"], clients, args.seconds, proc.pid, args.work)
+        result["berth"].setdefault(name, {}).setdefault(precision, []).append(row)
+        _print_level("berth", precision, name, row)
+        _save(result, args.out)
+
+
+@contextmanager
+def _nothing():
+    yield None
 
 
 def _save(result: dict[str, Any], out: Path) -> None:

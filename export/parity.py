@@ -29,7 +29,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from tasks import classification, ner, qa, readers
-from tasks.batching import pad_batch
+from tasks.inference import iter_batches, offline_shape
 from tasks.spec import OUTPUT_NAMES, TaskSpec
 from tasks.tokenizer import MASK, encode
 
@@ -247,29 +247,36 @@ def run_pair(
     max_diff = {name: 0.0 for name in task_outputs}
     sum_diff, count = 0.0, 0
     lengths, batch_sizes = [], []
-    for start in range(0, len(flat), batch_size):
-        chunk = flat[start : start + batch_size]
-        feeds = pad_batch([feature for _, feature in chunk])
-        mask = feeds["attention_mask"].astype(bool)  # (B, T)
-        outputs = [reference(feeds), candidate(feeds)]
-        lengths += [len(feature) for _, feature in chunk]
-        batch_sizes.append(len(chunk))
-        for name in task_outputs:
-            ref, cand = outputs[0][name], outputs[1][name]
-            diff = np.abs(ref.astype(np.float64) - cand.astype(np.float64))
-            valid = diff[mask] if _per_token(task, name) else diff  # (N, ...) real positions only
-            max_diff[name] = max(max_diff[name], float(valid.max()) if valid.size else 0.0)
-            sum_diff += float(valid.sum())
-            count += valid.size
-            for row, (example_index, feature) in enumerate(chunk):
-                example = examples[example_index]
-                for side in range(2):
-                    array = outputs[side][name][row]
+    features = [feature for _, feature in flat]
+    per_token = {name for name in task_outputs if _per_token(task, name)}
+    by_feature: list[list[dict[str, np.ndarray]]] = [[{} for _ in flat] for _ in range(2)]
+
+    def run_both(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        ref, cand = reference(feeds), candidate(feeds)
+        return {**{f"reference/{n}": ref[n] for n in task_outputs}, **{f"candidate/{n}": cand[n] for n in task_outputs}}
+
+    # The service's path (tasks/inference.py): sorted by length, padded to the batch's longest rounded to 8.
+    trimmed = {f"{side}/{name}" for side in ("reference", "candidate") for name in per_token}
+    for batch, rows in iter_batches(run_both, features, trimmed, offline_shape(features, batch_size)):
+        lengths += [len(features[i]) for i in batch.members]
+        batch_sizes.append(len(batch.members))
+        for i, row in zip(batch.members, rows):
+            example_index = flat[i][0]
+            example = examples[example_index]
+            for name in task_outputs:
+                ref, cand = row[f"reference/{name}"], row[f"candidate/{name}"]  # real positions only
+                diff = np.abs(ref.astype(np.float64) - cand.astype(np.float64))
+                max_diff[name] = max(max_diff[name], float(diff.max()) if diff.size else 0.0)
+                sum_diff += float(diff.sum())
+                count += diff.size
+                for side, array in enumerate((ref, cand)):
                     if task == "fill-mask":
                         array = array[example.mask_positions]  # (M, V): the vocabulary is large
-                    elif _per_token(task, name):
-                        array = array[: len(feature)]
-                    kept[side][example_index][name].append(np.array(array))
+                    by_feature[side][i][name] = np.array(array)
+    for side in range(2):  # each example's windows in their own order
+        for i, (example_index, _) in enumerate(flat):
+            for name in task_outputs:
+                kept[side][example_index][name].append(by_feature[side][i][name])
     figures = {
         "max_abs_diff": max(max_diff.values()),
         "max_abs_diff_by_output": max_diff,

@@ -1,34 +1,39 @@
 """Dynamic batching for one model: a bounded queue of *items* and one worker thread.
 
-An item is one model input (a text, a pair, a QA or NER window). A request of 64 texts and 64
-requests of one text enter the queue alike, as 64 items, and are admitted, batched and refused alike.
+An item is one model input (a text, a pair, a QA or NER window). A request of 64 texts and 64 requests of one text
+enter the queue alike, as 64 items, and are admitted, batched and refused alike. A *batch* is what one forward
+pass sees; the items taken from the queue at once (a *take*) run as one batch per padded width, planned, padded,
+run and split into each item's rows by the one inference path (tasks/inference.py) that training's dev metrics
+and the parity gate use too. The batcher only queues: it raises its own errors (BatcherError), and the service
+maps them to HTTP (service/errors.py).
 
 The batcher is a small state machine (after text-embeddings-inference's `queue.rs`):
 
     ACCEPTING --begin_draining()--> DRAINING --queue empty (or close() timeout)--> STOPPED
 
-    ACCEPTING: `submit` admits items while the queue has room; else 429 with Retry-After.
-    DRAINING:  `submit` refuses with 503 (shutting down); what is queued still runs.
-    STOPPED:   the loop has ended; anything still queued failed with 503.
+    ACCEPTING: `submit` admits items while the queue has room; else QueueFull (with retry_after).
+    DRAINING:  `submit` refuses with NotAccepting; what is queued still runs.
+    STOPPED:   the loop has ended; anything still queued failed with NotAccepting.
 
 Its loop, while not STOPPED:
 
     IDLE     queue empty: sleep until an item arrives.
-    FILLING  only while requests for this model are being tokenized (`expect`): wait for their items
-             until the batch budget is full or the oldest item's t0 + max_wait has passed. With nothing
-             known to be coming, a batch starts at once: an idle server adds no wait.
-    TAKING   fair share: the queue is one sub-queue per request, served round-robin, one item per request
-             per turn, while items fit max_batch_size and max_batch_tokens (padded: items x the padded
-             length of the longest). A request of 1,000 windows and a one-sentence request that arrives
-             behind it share the next batch. Items whose client has gone (future cancelled) or whose
+    FILLING  only while requests for this model are being tokenized (`expect`) and no pass runs: wait for their
+             items until the budget is full or the oldest item's t0 + max_wait has passed. With nothing known to
+             be coming, a take starts at once: an idle server adds no wait.
+    TAKING   fair share: the queue is one sub-queue per request, served round-robin, one item per request per
+             turn, while the items fit one pass's budget (the batch size for their padded width, measured or
+             max_batch_size, and max_batch_tokens). A request of 1,000 windows and a one-sentence request that
+             arrives behind it share the next take. Items whose client has gone (future cancelled) or whose
              deadline passed are dropped here, before any compute, and counted by reason.
-    RUNNING  in the model's worker thread, holding one of the process's compute slots: sort the batch by
-             length, pad each group (CPU: to its longest item rounded up to `pad_multiple`; CUDA: to its
-             length bucket, so the GPU sees few shapes), run, and hand each item its own rows. A pass
-             that raises is retried by halves down to the item(s) that fail it; only those fail.
+    RUNNING  in the model's worker thread, holding one of the process's compute slots: the take's batches, padded
+             in the event loop beforehand (CPU: to the longest item rounded up to `pad_multiple`; CUDA: to its
+             length bucket). A pass that raises is retried by halves down to the item(s) that fail it (ItemFailed).
+             With `pipeline`, items that arrive meanwhile are taken and padded into the next take, which starts
+             the moment the worker is free: one take ahead, never more.
 
 Each item's lifecycle: QUEUED -> DROPPED (cancelled | expired | shutdown) or BATCHED -> done/failed.
-An item too long for the model or for the token budget is refused at admission (413), so nothing
+An item too long for the model or for the token budget is refused at admission (ItemTooLarge), so nothing
 in the queue can stall it. After `max_consecutive_failures` failed passes in a row (no success in
 between) the batcher reports itself unhealthy, and /readyz turns 503 until a pass succeeds again.
 """
@@ -40,32 +45,55 @@ import logging
 import math
 import threading
 import time
-from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Protocol
 
 import numpy as np
 
-from service.errors import ErrorType, ServiceError
 from service.metrics import Metrics
-from tasks.batching import pad_batch
+from tasks.inference import Batch, BatchShape, ModelItem, Runner, pad, plan_batches, run_batch
 
 log = logging.getLogger("berth.service.batcher")
 
-RunFn = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+ModelInput = ModelItem  # what the task layer produces: EncodedInput, QAWindow
+RunFn = Runner
 
 
-class ModelInput(Protocol):
-    """What the task layer produces: EncodedInput, QAWindow."""
+# -- the batcher's own errors (the service maps them to HTTP statuses in service/errors.py) ---------------
 
-    input_ids: Any
-    token_type_ids: Any
 
-    def __len__(self) -> int: ...
+class BatcherError(Exception):
+    """Why an item was refused or not computed. `retry_after` (seconds): when trying again may succeed."""
+
+    retry_after: int | None = None
+
+    def __init__(self, message: str, retry_after: int | None = None):
+        super().__init__(message)
+        self.message = message
+        self.retry_after = retry_after
+
+
+class NotAccepting(BatcherError):
+    """Draining or stopped: the model takes no new work (or dropped queued work at shutdown)."""
+
+
+class QueueFull(BatcherError):
+    """The queue has no room for the request's items right now."""
+
+
+class ItemTooLarge(BatcherError):
+    """An item, or the request's item count, can never fit the batch budget or the queue."""
+
+
+class Expired(BatcherError):
+    """The item's deadline passed while it was queued; it was not computed."""
+
+
+class ItemFailed(BatcherError):
+    """The forward pass failed for this item alone (retried by halves down to it)."""
 
 
 class BatcherState(Enum):
@@ -92,7 +120,7 @@ class ItemResult:
 
 @dataclass(eq=False, slots=True)
 class _Item:
-    encoded: ModelInput
+    encoded: ModelItem
     length: int
     deadline: float  # time.monotonic() after which computing it is pointless
     future: asyncio.Future
@@ -102,7 +130,7 @@ class _Item:
 
 @dataclass(eq=False, slots=True)
 class _RequestQueue:
-    """The not-yet-batched items of one request, in order: one round-robin turn takes one of them."""
+    """The not-yet-taken items of one request, in order: one round-robin turn takes one of them."""
 
     items: deque[_Item]
 
@@ -113,28 +141,17 @@ class _RequestQueue:
 
 
 @dataclass(slots=True)
-class BatchPolicy:
-    buckets: list[int]  # sorted padded lengths; the last is the longest item accepted
-    max_batch_size: int = 32
-    max_batch_tokens: int = 8192
+class BatchPolicy(BatchShape):
+    """The batch shape (tasks/inference.py: widths, batch size per width, token budget) and the queue's limits."""
+
     max_wait_s: float = 0.002
     max_queue_items: int = 2048
     min_retry_after_s: int = 1
-    pad_multiple: int | None = None  # CPU: pad to the longest item rounded up to this; None: to the bucket
     max_consecutive_failures: int = 5
+    pipeline: bool = True  # take and pad the next batches while the current pass runs (one take ahead)
 
     def bucket_for(self, length: int) -> int | None:
-        """The padded length of a group whose longest item has `length` tokens; None when too long."""
-        if length > self.buckets[-1]:
-            return None
-        if self.pad_multiple is not None:
-            return min(self.buckets[-1], -(-max(length, 1) // self.pad_multiple) * self.pad_multiple)
-        i = bisect_left(self.buckets, length)
-        return self.buckets[i]
-
-    def fits(self, count: int, longest: int) -> bool:
-        bucket = self.bucket_for(longest)
-        return bucket is not None and count <= self.max_batch_size and count * bucket <= self.max_batch_tokens
+        return self.width_for(length)
 
 
 def clip_buckets(buckets: Sequence[int], max_length: int) -> list[int]:
@@ -154,6 +171,27 @@ class _Throughput:
         self.items_per_s = rate if self.items_per_s == 0 else (1 - self.alpha) * self.items_per_s + self.alpha * rate
 
 
+@dataclass(eq=False, slots=True)
+class _Take:
+    """Items taken from the queue at once, and their forward passes (planned and padded in the event loop,
+    so with `pipeline` that work overlaps the pass before)."""
+
+    items: list[_Item]
+    batches: list[Batch] = field(default_factory=list)
+    feeds: list[dict[str, np.ndarray]] = field(default_factory=list)
+    pad_seconds: list[float] = field(default_factory=list)
+    launched: bool = False  # its passes were handed to the worker thread
+
+    def prepare(self, shape: BatchShape) -> None:
+        encoded = [item.encoded for item in self.items]
+        self.batches = plan_batches([item.length for item in self.items], shape)
+        self.feeds, self.pad_seconds = [], []
+        for batch in self.batches:
+            begin = time.perf_counter()
+            self.feeds.append(pad(encoded, batch))
+            self.pad_seconds.append(time.perf_counter() - begin)
+
+
 class Batcher:
     """One model's queue and worker thread. Create it, `start()` it inside the event loop, `submit`
     items from request handlers and await their futures, `close()` it on shutdown.
@@ -161,7 +199,7 @@ class Batcher:
     `compute_slots` is shared by the batchers of one process: a forward pass holds a slot, so the
     models' ONNX Runtime pools never run more threads at once than the cores allow."""
 
-    def __init__(self, model: str, run: RunFn, policy: BatchPolicy, metrics: Metrics, per_token: bool,
+    def __init__(self, model: str, run: Runner, policy: BatchPolicy, metrics: Metrics, per_token: bool,
                  compute_slots: threading.Semaphore | None = None):
         self.model = model
         self.policy = policy
@@ -179,6 +217,7 @@ class Batcher:
         self._slots = compute_slots or threading.Semaphore(1)
         self._throughput = _Throughput()
         self._run_counter = 0
+        self._taken: list[_Take] = []  # taken and not yet answered: the running take and the one prepared ahead
         self.consecutive_failures = 0
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -227,15 +266,24 @@ class Batcher:
             for item in request.items:
                 self._drop(item, "shutdown")
         self._requests.clear()
+        for take in self._taken:  # one whose pass close() gave up on, or one prepared ahead (never computed)
+            if not take.launched:
+                self._metrics.items_dropped.labels(self.model, "shutdown").inc(len(take.items))
+            self._fail(take.items, self._shutting_down())
+        self._taken.clear()
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    def run_now(self, items: Sequence[ModelInput]) -> list[dict[str, np.ndarray]]:
+    def run_now(self, items: Sequence[ModelItem]) -> list[dict[str, np.ndarray]]:
         """Run items synchronously in the caller's thread (warm-up), bypassing the queue and the metrics."""
-        outputs, _ = self._compute(list(items), record=False)
+        encoded = list(items)
+        outputs: list = [None] * len(encoded)
+        timings: list = [None] * len(encoded)
+        for batch in plan_batches([len(x) for x in encoded], self.policy):
+            self._run_batch(encoded, batch, None, 0.0, outputs, timings, record=False)
         for out in outputs:
             if isinstance(out, BaseException):
                 raise out
-        return outputs  # type: ignore[return-value]
+        return outputs
 
     # -- admission -----------------------------------------------------------------------------
 
@@ -250,29 +298,28 @@ class Batcher:
         if delta < 0 and self._wakeup is not None:
             self._wakeup.set()
 
-    def submit(self, items: Sequence[ModelInput], deadline: float) -> list[asyncio.Future]:
-        """Admit all of `items` (one request's) or none. Raises ServiceError: 503 when not accepting, 413
-        when an item or the request can never fit, 429 (+ Retry-After) when the queue is full right now."""
+    def submit(self, items: Sequence[ModelItem], deadline: float) -> list[asyncio.Future]:
+        """Admit all of `items` (one request's) or none. Raises NotAccepting (draining or stopped),
+        ItemTooLarge (an item or the request can never fit), QueueFull (no room right now, with retry_after)."""
         count = len(items)
         if self._state is not BatcherState.ACCEPTING:
             self._reject(count, "not_accepting")
-            raise ServiceError(ErrorType.OVERLOADED, f"model {self.model!r} is shutting down; not accepting work",
-                               status=503, retry_after=self.policy.min_retry_after_s)
+            raise NotAccepting(f"model {self.model!r} is shutting down; not accepting work",
+                               retry_after=self.policy.min_retry_after_s)
         lengths = [len(x) for x in items]
         longest = max(lengths, default=0)
         if lengths and not self.policy.fits(1, longest):
             self._reject(count, "too_large")
-            raise ServiceError(ErrorType.TOO_LARGE, f"an input of {longest} tokens exceeds the batch budget of model "
-                               f"{self.model!r} ({self.policy.max_batch_tokens} tokens, longest sequence "
-                               f"{self.policy.buckets[-1]})")
+            raise ItemTooLarge(f"an input of {longest} tokens exceeds the batch budget of model {self.model!r} "
+                               f"({self.policy.max_batch_tokens} tokens, longest sequence {self.policy.buckets[-1]})")
         if count > self.policy.max_queue_items:
             self._reject(count, "too_large")
-            raise ServiceError(ErrorType.TOO_LARGE, f"the request makes {count} model inputs; the queue of model "
-                               f"{self.model!r} holds at most {self.policy.max_queue_items}")
+            raise ItemTooLarge(f"the request makes {count} model inputs; the queue of model {self.model!r} holds at "
+                               f"most {self.policy.max_queue_items}")
         if self._depth + count > self.policy.max_queue_items:
             self._reject(count, "queue_full")
-            raise ServiceError(ErrorType.OVERLOADED, f"model {self.model!r} is overloaded ({self._depth} inputs queued)",
-                               retry_after=self.retry_after())
+            raise QueueFull(f"model {self.model!r} is overloaded ({self._depth} inputs queued)",
+                            retry_after=self.retry_after())
         loop = asyncio.get_running_loop()
         now = time.monotonic()
         request = _RequestQueue(deque())
@@ -299,6 +346,9 @@ class Batcher:
             # the request's timeout fires at its deadline: a cancellation from then on is an expiry (504)
             self._drop(item, "expired" if time.monotonic() >= item.deadline - 0.005 else "cancelled")
 
+    def _shutting_down(self) -> NotAccepting:
+        return NotAccepting("the server is shutting down", retry_after=self.policy.min_retry_after_s)
+
     def _drop(self, item: _Item, reason: str) -> None:
         if item.state is not ItemState.QUEUED:
             return
@@ -307,18 +357,41 @@ class Batcher:
         self._metrics.queue_depth.labels(self.model).set(self._depth)
         self._metrics.items_dropped.labels(self.model, reason).inc()
         if not item.future.done():
-            if reason == "expired":
-                item.future.set_exception(ServiceError(ErrorType.TIMEOUT, "the request timed out in the queue"))
-            else:
-                item.future.set_exception(ServiceError(ErrorType.OVERLOADED, "the server is shutting down",
-                                                       status=503, retry_after=self.policy.min_retry_after_s))
+            item.future.set_exception(Expired("the request timed out in the queue") if reason == "expired"
+                                      else self._shutting_down())
+
+    @staticmethod
+    def _fail(items: list[_Item], error: BatcherError) -> None:
+        for item in items:
+            if not item.future.done():
+                item.future.set_exception(error)
 
     # -- the loop ------------------------------------------------------------------------------
 
     async def _loop(self) -> None:
+        """IDLE / FILLING / TAKING as the module says; RUNNING in the worker thread. With `pipeline`, while a
+        take runs, the next one is taken and padded as items arrive (topped up to the budget until the
+        running pass ends), and started the moment the worker is free: one take ahead, never more."""
         assert self._wakeup is not None
+        running: asyncio.Future | None = None
         while True:
+            if running is not None and running.done():
+                self._answer(self._taken.pop(0), running)
+                running = None
+            if running is None and self._taken:  # the take prepared ahead: start it at once
+                running = self._launch(self._taken[0])
+                continue
             oldest = self._oldest_queued()
+            if running is not None:  # a pass runs: take (or top up) the next one, else wait for news
+                if oldest is not None and self.policy.pipeline and self._top_up():
+                    continue
+                self._wakeup.clear()
+                waiter = asyncio.ensure_future(self._wakeup.wait())
+                try:
+                    await asyncio.wait({running, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    waiter.cancel()
+                continue
             if oldest is None:  # IDLE
                 if self._state is not BatcherState.ACCEPTING:
                     break
@@ -335,10 +408,61 @@ class Batcher:
                     await asyncio.wait_for(self._wakeup.wait(), remaining)
                 except TimeoutError:
                     break
-            batch = self._take_batch()  # TAKING
-            if batch:
-                await self._run(batch)  # RUNNING
+            take = _Take(self._take([]))  # TAKING
+            if take.items:
+                take.prepare(self.policy)
+                self._taken.append(take)
         self._state = BatcherState.STOPPED
+
+    def _top_up(self) -> bool:
+        """Take queued items into the take prepared ahead (a new one if none) while the budget allows, and
+        pad it again; False when nothing was added (it is full, or nothing queued fits)."""
+        ahead = self._taken[1] if len(self._taken) > 1 else None
+        added = self._take(ahead.items if ahead else [])
+        if not added:
+            return False
+        if ahead is None:
+            ahead = _Take([])
+            self._taken.append(ahead)
+        ahead.items += added
+        ahead.prepare(self.policy)
+        return True
+
+    def _launch(self, take: _Take) -> asyncio.Future:
+        """Start a take's passes in the worker thread; items whose client left meanwhile are left out."""
+        take.launched = True
+        live = [item for item in take.items if not item.future.done()]
+        if len(live) != len(take.items):
+            now = time.monotonic()
+            for item in take.items:
+                if item.future.done():  # its request timed out (expired) or its client left (cancelled)
+                    reason = "expired" if now >= item.deadline - 0.005 else "cancelled"
+                    self._metrics.items_dropped.labels(self.model, reason).inc()
+            take.items = live
+            take.prepare(self.policy)
+        started = time.monotonic()
+        for item in take.items:
+            self._metrics.queue_wait.labels(self.model).observe(started - item.enqueued_at)
+        loop = asyncio.get_running_loop()
+        return loop.run_in_executor(self._executor, self._compute, take, started)
+
+    def _answer(self, take: _Take, running: asyncio.Future) -> None:
+        """Hand each item of a finished take its rows, or its error."""
+        if running.cancelled() or running.exception() is not None:
+            self._fail(take.items, self._shutting_down() if running.cancelled() else
+                       ItemFailed("inference failed for this input; see the server log"))
+            return
+        outputs, timings, started, seconds = running.result()
+        self._throughput.update(len(take.items), seconds)
+        self._metrics.model_ready.labels(self.model).set(1 if self.healthy else 0)
+        for item, out, (run_id, pass_seconds, pad_seconds, finished_at) in zip(take.items, outputs, timings):
+            if item.future.done():
+                continue
+            if isinstance(out, BaseException):
+                item.future.set_exception(ItemFailed("inference failed for this input; see the server log"))
+            else:
+                item.future.set_result(ItemResult(out, started - item.enqueued_at, pass_seconds, run_id, pad_seconds,
+                                                  finished_at))
 
     def _oldest_queued(self) -> float | None:
         """Arrival time of the oldest queued item; forgets requests with nothing queued."""
@@ -352,7 +476,7 @@ class Batcher:
         return oldest
 
     def _batch_full(self) -> bool:
-        """Would the next batch taken now be as large as the budget allows?"""
+        """Would the next take taken now be as large as the budget allows?"""
         count, longest = 0, 0
         for request in self._requests:
             for item in request.items:
@@ -363,12 +487,13 @@ class Batcher:
                 count, longest = count + 1, max(longest, item.length)
         return False
 
-    def _take_batch(self) -> list[_Item]:
-        """Round-robin over the requests, one item per request per turn, while items fit the budget; drop
-        dead items on the way. The rotation carries over to the next batch."""
+    def _take(self, already: list[_Item]) -> list[_Item]:
+        """Round-robin over the requests, one item per request per turn, while the items (with `already`,
+        those of the take being topped up) fit one pass's budget; drop dead items on the way. The rotation
+        carries over to the next take."""
         now = time.monotonic()
-        batch: list[_Item] = []
-        longest = 0
+        taken: list[_Item] = []
+        count, longest = len(already), max((item.length for item in already), default=0)
         stalled = 0  # requests in a row whose next item did not fit
         while self._requests and stalled < len(self._requests):
             request = self._requests[0]
@@ -382,103 +507,71 @@ class Batcher:
             if item.deadline <= now:
                 self._drop(item, "expired")
                 continue
-            if not self.policy.fits(len(batch) + 1, max(longest, item.length)):
-                if len(batch) >= self.policy.max_batch_size:
+            if not self.policy.fits(count + 1, max(longest, item.length)):
+                if count >= self.policy.max_batch_size:
                     break
                 self._requests.rotate(-1)
                 stalled += 1
                 continue
             request.items.popleft()
             item.state = ItemState.BATCHED
-            batch.append(item)
-            longest = max(longest, item.length)
+            taken.append(item)
+            count, longest = count + 1, max(longest, item.length)
             stalled = 0
             self._requests.rotate(-1)
-        self._depth -= len(batch)
+        self._depth -= len(taken)
         self._metrics.queue_depth.labels(self.model).set(self._depth)
-        return batch
+        return taken
 
-    async def _run(self, batch: list[_Item]) -> None:
-        started = time.monotonic()
-        for item in batch:
-            self._metrics.queue_wait.labels(self.model).observe(started - item.enqueued_at)
-        loop = asyncio.get_running_loop()
-        try:
-            outputs, timings = await loop.run_in_executor(self._executor, self._compute, [i.encoded for i in batch])
-        except asyncio.CancelledError:  # close() gave up waiting: nobody will read this batch's results
-            for item in batch:
-                if not item.future.done():
-                    item.future.set_exception(ServiceError(ErrorType.OVERLOADED, "the server is shutting down",
-                                                           status=503, retry_after=self.policy.min_retry_after_s))
-            raise
-        self._throughput.update(len(batch), time.monotonic() - started)
-        self._metrics.model_ready.labels(self.model).set(1 if self.healthy else 0)
-        for item, out, (run_id, seconds, pad_seconds, finished_at) in zip(batch, outputs, timings):
-            if item.future.done():
-                continue
-            if isinstance(out, BaseException):
-                item.future.set_exception(ServiceError(ErrorType.INTERNAL, "inference failed for this input; "
-                                                       "see the server log"))
-            else:
-                item.future.set_result(ItemResult(out, started - item.enqueued_at, seconds, run_id, pad_seconds,
-                                                  finished_at))
+    # -- the worker thread ---------------------------------------------------------------------
 
-    def _compute(self, items: list[ModelInput], record: bool = True
-                 ) -> tuple[list[dict[str, np.ndarray] | BaseException], list[tuple[int, float, float, float]]]:
-        """Worker thread: run items sorted by length, one forward pass per padded length.
+    def _compute(self, take: _Take, started: float) -> tuple[list, list, float, float]:
+        """Worker thread: the take's passes (padded already). Returns each item's outputs or the exception
+        that failed it, in take order, and (run id, seconds, padding seconds, end time) of its pass."""
+        encoded = [item.encoded for item in take.items]
+        outputs: list = [None] * len(encoded)
+        timings: list = [(0, 0.0, 0.0, 0.0)] * len(encoded)
+        for batch, feeds, pad_seconds in zip(take.batches, take.feeds, take.pad_seconds):
+            self._run_batch(encoded, batch, feeds, pad_seconds, outputs, timings, record=True)
+        return outputs, timings, started, time.monotonic() - started
 
-        Returns each item's outputs, or the exception that failed it, in the order given, and (run id,
-        seconds, padding seconds, end time) of the pass it was in.
-        """
-        order = sorted(range(len(items)), key=lambda i: len(items[i]))
-        groups: dict[int, list[int]] = {}
-        for i in order:
-            bucket = self.policy.bucket_for(len(items[i]))
-            if bucket is None:
-                raise ValueError(f"an item of {len(items[i])} tokens is longer than every bucket")
-            groups.setdefault(bucket, []).append(i)
-        outputs: list[dict[str, np.ndarray] | BaseException] = [{} for _ in items]
-        timings: list[tuple[int, float, float, float]] = [(0, 0.0, 0.0, 0.0)] * len(items)
-        for bucket, members in groups.items():
-            self._run_group(items, members, bucket, outputs, timings, record)
-        return outputs, timings
-
-    def _run_group(self, items: list[ModelInput], members: list[int], bucket: int,
-                   outputs: list, timings: list, record: bool) -> None:
-        """One forward pass over `members`; when it raises, retry each half, down to the failing item."""
+    def _run_batch(self, encoded: list[ModelItem], batch: Batch, feeds: dict[str, np.ndarray] | None,
+                   pad_seconds: float, outputs: list, timings: list, record: bool) -> None:
+        """One forward pass; when it raises, retry each half (padded anew), down to the failing item."""
         begin = time.perf_counter()
-        feeds = pad_batch([items[i] for i in members], pad_to=bucket)
-        padded = time.perf_counter()
         try:
             with self._slots:
-                result = self._run_model(feeds)
+                if feeds is None:
+                    feeds = pad(encoded, batch)
+                    pad_seconds = time.perf_counter() - begin
+                    begin = time.perf_counter()
+                rows = run_batch(self._run_model, encoded, batch, self.per_token, feeds)
         except Exception as error:
             self._metrics.inference_failures.labels(self.model).inc()
+            members = batch.members
             if len(members) > 1:
                 middle = len(members) // 2
                 log.warning("forward pass of %d items failed for model %s (%s); retrying by halves",
                             len(members), self.model, type(error).__name__)
                 for half in (members[:middle], members[middle:]):
-                    self._run_group(items, half, self.policy.bucket_for(max(len(items[i]) for i in half)) or bucket,
-                                    outputs, timings, record)
+                    width = self.policy.width_for(max(len(encoded[i]) for i in half)) or batch.width
+                    self._run_batch(encoded, Batch(half, width), None, 0.0, outputs, timings, record)
                 return
             self.consecutive_failures += 1
             log.error("inference failed for model %s on one item of %d tokens (%d failure(s) in a row): %s",
-                      self.model, len(items[members[0]]), self.consecutive_failures, error, exc_info=error)
+                      self.model, len(encoded[members[0]]), self.consecutive_failures, error, exc_info=error)
             self._metrics.items_failed.labels(self.model).inc()
             outputs[members[0]] = error
             return
         finished = time.perf_counter()
-        seconds = finished - padded
+        seconds = finished - begin
         self.consecutive_failures = 0
         self._run_counter += 1
         if record:
             self._metrics.inference_duration.labels(self.model).observe(seconds)
-            self._metrics.batch_size.labels(self.model).observe(len(members))
-            self._metrics.batch_tokens.labels(self.model).observe(len(members) * bucket)
-            self._metrics.items_inferred.labels(self.model).inc(len(members))
-        for row, i in enumerate(members):
-            length = len(items[i])
-            outputs[i] = {name: (value[row, :length] if self.per_token else value[row])
-                          for name, value in result.items()}
-            timings[i] = (self._run_counter, seconds, padded - begin, finished)
+            self._metrics.batch_size.labels(self.model).observe(len(batch.members))
+            self._metrics.batch_tokens.labels(self.model).observe(len(batch.members) * batch.width)
+            self._metrics.items_inferred.labels(self.model).inc(len(batch.members))
+        for i, row in zip(batch.members, rows):
+            outputs[i] = row
+            timings[i] = (self._run_counter, seconds, pad_seconds, finished)

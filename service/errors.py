@@ -16,6 +16,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from service.batcher import BatcherError, Expired, ItemFailed, ItemTooLarge, NotAccepting, QueueFull
+
 log = logging.getLogger("berth.service")
 
 
@@ -74,6 +76,22 @@ class ServiceError(Exception):
         return headers
 
 
+# The batcher's own errors as HTTP errors: (type, status).
+BATCHER_ERRORS: dict[type[BatcherError], tuple[ErrorType, int]] = {
+    QueueFull: (ErrorType.OVERLOADED, 429),
+    NotAccepting: (ErrorType.OVERLOADED, 503),
+    ItemTooLarge: (ErrorType.TOO_LARGE, 413),
+    Expired: (ErrorType.TIMEOUT, 504),
+    ItemFailed: (ErrorType.INTERNAL, 500),
+}
+
+
+def from_batcher(error: BatcherError) -> ServiceError:
+    """The HTTP error for a batcher error (the one place that knows both)."""
+    error_type, status = BATCHER_ERRORS.get(type(error), (ErrorType.INTERNAL, 500))
+    return ServiceError(error_type, error.message, status=status, retry_after=error.retry_after)
+
+
 def error_response(error: ServiceError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status, headers=error.headers())
 
@@ -104,6 +122,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
     async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
         return error_response(exc)
+
+    @app.exception_handler(BatcherError)
+    async def _batcher_error(request: Request, exc: BatcherError) -> JSONResponse:
+        return error_response(from_batcher(exc))
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

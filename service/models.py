@@ -25,6 +25,7 @@ from service.errors import ErrorType, ServiceError
 from service.metrics import Metrics
 from service.settings import ServiceSettings
 from tasks.bundle import MODEL_FILE, TOKENIZER_FILE, Bundle, BundleError, find_bundles, load_bundle
+from tasks.inference import BatchTable
 from tasks.onnx_session import CUDA, create_session
 from tasks.spec import OUTPUT_NAMES, TaskSpec
 from tasks.tokenizer import CLS, SEP, UNK, EncodedInput
@@ -195,7 +196,9 @@ def load_model(bundle: Bundle, settings: ServiceSettings, metrics: Metrics, intr
         max_queue_items=settings.max_queue_items,
         min_retry_after_s=settings.retry_after_s,
         pad_multiple=None if engine.provider == CUDA else settings.pad_multiple,  # GPUs: few shapes; CPUs: few pads
+        table=batch_table(settings.batch_table, name),
         max_consecutive_failures=settings.max_consecutive_failures,
+        pipeline=settings.pipeline,
     )
     if spec.max_seq_length > settings.max_batch_tokens:
         raise RepositoryError(f"bundle {name}: max_seq_length {spec.max_seq_length} exceeds max_batch_tokens "
@@ -214,6 +217,22 @@ def load_model(bundle: Bundle, settings: ServiceSettings, metrics: Metrics, intr
     return model
 
 
+def batch_table(path: Path | None, model: str) -> BatchTable | None:
+    """The measured batch-size table for a model: `path` itself (a file), or `<path>/<model>.json` (a folder,
+    where a model without a file has none)."""
+    if path is None:
+        return None
+    file = path / f"{model}.json" if path.is_dir() else path
+    if not file.is_file():
+        if path.is_dir():
+            return None
+        raise RepositoryError(f"batch_table {path}: no such file")
+    try:
+        return BatchTable.load(file)
+    except (ValueError, KeyError, OSError) as error:
+        raise RepositoryError(f"batch_table {file}: {error}") from error
+
+
 def warm_up(model: ServedModel) -> list[tuple[int, int]]:
     """Run every length bucket once at its largest batch (largest first, so the memory arena grows
     once to its peak) and once at batch 1: later traffic meets no new shape and no new allocation."""
@@ -223,7 +242,7 @@ def warm_up(model: ServedModel) -> list[tuple[int, int]]:
     filler = model.tokenizer.token_to_id(UNK)
     shapes = []
     for bucket in sorted(policy.buckets, reverse=True):
-        largest = max(1, min(policy.max_batch_size, policy.max_batch_tokens // bucket))
+        largest = policy.batch_size_for(bucket)
         for batch in sorted({largest, 1}, reverse=True):
             item = EncodedInput([cls_id] + [filler] * (bucket - 2) + [sep_id], [0] * bucket, [(0, 0)] * bucket,
                                 [None] * bucket, [None] * bucket, False)

@@ -40,6 +40,11 @@ class ServiceSettings(BaseModel):
     )
     pad_multiple: int = Field(8, ge=1, description="on the CPU a batch is padded to its longest item, rounded up "
                                                    "to a multiple of this")
+    batch_table: Path | None = Field(
+        None, description="measured batch sizes (`python -m bench.batch_table`): a JSON file for every model, or a "
+                          "folder of <model name>.json; a pass at a given padded length takes the table's best batch "
+                          "size (capped by max_batch_size). Without one: max_batch_size at every length")
+    pipeline: bool = Field(True, description="take and pad the next batch while the current forward pass runs")
     max_queue_items: int = Field(2048, ge=1, description="items waiting per model; beyond, 429 + Retry-After")
     retry_after_s: int = Field(1, ge=1, description="the least Retry-After on 429/503, in seconds")
 

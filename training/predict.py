@@ -1,4 +1,5 @@
-"""Run a PyTorch BERT head over encoded inputs in length-sorted batches; numpy out, input order kept."""
+"""Run a PyTorch BERT head over model items on the one inference path (tasks/inference.py); numpy out,
+input order kept."""
 
 from __future__ import annotations
 
@@ -7,14 +8,22 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from tasks.batching import pad_batch
-from tasks.tokenizer import EncodedInput
+from tasks.inference import ModelItem, Runner, offline_shape, run_items
 
 
-@torch.no_grad()
+def torch_runner(model: torch.nn.Module, output_names: Sequence[str], device: torch.device | str = "cpu") -> Runner:
+    """Padded int64 feeds -> the model's float32 outputs by name, as numpy arrays."""
+    def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        with torch.inference_mode():
+            out = model(**{name: torch.from_numpy(array).to(device) for name, array in feeds.items()})
+        return {name: out[name].float().cpu().numpy() for name in output_names}
+
+    return run
+
+
 def predict(
     model: torch.nn.Module,
-    items: Sequence[EncodedInput],
+    items: Sequence[ModelItem],
     output_names: Sequence[str],
     per_token: bool,
     batch_size: int = 64,
@@ -23,19 +32,13 @@ def predict(
     """For each output name, one float32 array per item. With `per_token` (NER, QA) each array is
     trimmed to the item's own length, so padding never leaks into decoding.
 
-    Items are batched by similar length (sorted), which wastes little compute on padding.
+    Items are batched as the service batches them on the CPU: sorted by length, padded to the longest
+    of their batch rounded up to a multiple of 8.
     """
     was_training = model.training
     model.eval()
-    order = np.argsort([len(x) for x in items], kind="stable")
-    results: dict[str, list[np.ndarray | None]] = {name: [None] * len(items) for name in output_names}
-    for begin in range(0, len(order), batch_size):
-        index = order[begin : begin + batch_size]
-        batch = {k: torch.from_numpy(v).to(device) for k, v in pad_batch([items[i] for i in index]).items()}
-        out = model(**batch)
-        for name in output_names:
-            values = out[name].float().cpu().numpy()
-            for row, i in enumerate(index):
-                results[name][i] = values[row, : len(items[i])] if per_token else values[row]
-    model.train(was_training)
-    return results  # type: ignore[return-value]
+    try:
+        rows = run_items(torch_runner(model, output_names, device), items, per_token, offline_shape(items, batch_size))
+    finally:
+        model.train(was_training)
+    return {name: [row[name] for row in rows] for name in output_names}

@@ -14,8 +14,19 @@ import time
 import numpy as np
 import pytest
 
-from service.batcher import Batcher, BatcherState, BatchPolicy, clip_buckets
-from service.errors import ErrorType, ServiceError
+from service.batcher import (
+    Batcher,
+    BatcherError,
+    BatcherState,
+    BatchPolicy,
+    Expired,
+    ItemFailed,
+    ItemTooLarge,
+    NotAccepting,
+    QueueFull,
+    clip_buckets,
+)
+from service.errors import ErrorType, from_batcher
 from service.metrics import Metrics
 from tasks.tokenizer import encode
 
@@ -118,7 +129,7 @@ def test_cancelled_and_expired_items_are_not_computed(tokenizer):
         gone[0].cancel()  # the client went away
         batcher.start()
         results = await asyncio.gather(*live)
-        with pytest.raises(ServiceError) as info:
+        with pytest.raises(Expired) as info:
             await late[0]
         await batcher.close(5)
         return results, info.value, metrics
@@ -126,7 +137,7 @@ def test_cancelled_and_expired_items_are_not_computed(tokenizer):
     results, timeout_error, metrics = asyncio.run(scenario())
     assert [r.outputs["total"][0] for r in results] == [sum(x.input_ids) for x in items[:2]]
     assert sum(b for b, _ in model.shapes) == 2  # only the two live items were computed
-    assert timeout_error.error_type is ErrorType.TIMEOUT and timeout_error.status == 504
+    assert from_batcher(timeout_error).error_type is ErrorType.TIMEOUT and from_batcher(timeout_error).status == 504
     assert metric(metrics, "berth_items_dropped_total", model="m", reason="cancelled") == 1
     assert metric(metrics, "berth_items_dropped_total", model="m", reason="expired") == 1
 
@@ -141,7 +152,7 @@ def test_admission_refuses_at_once_when_full_or_too_large(tokenizer):
         batcher.submit([short, short], deadline)
         errors = []
         for items in ([short, short], [short] * 4, [too_long]):
-            with pytest.raises(ServiceError) as info:
+            with pytest.raises(BatcherError) as info:
                 batcher.submit(items, deadline)
             errors.append(info.value)
         batcher.submit([short], deadline)  # what still fits is admitted
@@ -150,9 +161,12 @@ def test_admission_refuses_at_once_when_full_or_too_large(tokenizer):
         return errors, depth, metrics
 
     (full, bigger_than_queue, too_long_error), depth, metrics = asyncio.run(scenario())
-    assert full.status == 429 and full.error_type is ErrorType.OVERLOADED and full.retry_after >= 1
-    assert "Retry-After" in full.headers()
-    assert bigger_than_queue.status == 413 and too_long_error.status == 413
+    assert isinstance(full, QueueFull) and full.retry_after >= 1
+    assert isinstance(bigger_than_queue, ItemTooLarge) and isinstance(too_long_error, ItemTooLarge)
+    # ... and the service answers them as it always did
+    assert from_batcher(full).status == 429 and from_batcher(full).error_type is ErrorType.OVERLOADED
+    assert "Retry-After" in from_batcher(full).headers()
+    assert from_batcher(bigger_than_queue).status == 413 and from_batcher(too_long_error).status == 413
     assert depth == 3
     assert metric(metrics, "berth_items_rejected_total", model="m", reason="queue_full") == 2
     assert metric(metrics, "berth_items_rejected_total", model="m", reason="too_large") == 5
@@ -166,14 +180,14 @@ def test_draining_refuses_new_work_but_finishes_queued_work(tokenizer):
         batcher.start()
         futures = batcher.submit(items, time.monotonic() + 30)
         batcher.begin_draining()
-        with pytest.raises(ServiceError) as info:
+        with pytest.raises(NotAccepting) as info:
             batcher.submit(items[:1], time.monotonic() + 30)
         await batcher.close(10)
         return [f.result() for f in futures], info.value, batcher.state
 
     results, refused, state = asyncio.run(scenario())
     assert [r.outputs["total"][0] for r in results] == [sum(x.input_ids) for x in items]
-    assert refused.status == 503 and refused.retry_after >= 1
+    assert from_batcher(refused).status == 503 and refused.retry_after >= 1
     assert state is BatcherState.STOPPED
 
 
@@ -195,8 +209,8 @@ def test_close_timeout_fails_what_is_left(tokenizer):
         return outcomes, metrics
 
     outcomes, metrics = asyncio.run(scenario())
-    failed = [o for o in outcomes if isinstance(o, ServiceError)]
-    assert len(failed) >= 2 and all(e.status == 503 for e in failed)
+    failed = [o for o in outcomes if isinstance(o, BatcherError)]
+    assert len(failed) >= 2 and all(isinstance(e, NotAccepting) and from_batcher(e).status == 503 for e in failed)
     assert metric(metrics, "berth_items_dropped_total", model="m", reason="shutdown") >= 2
 
 
@@ -219,5 +233,65 @@ def test_a_failing_forward_pass_fails_its_items_only(tokenizer):
         return first_outcome[0], second
 
     error, second = asyncio.run(scenario())
-    assert isinstance(error, ServiceError) and error.status == 500
+    assert isinstance(error, ItemFailed) and from_batcher(error).status == 500
     assert second.outputs["total"][0] > 0
+
+
+def test_the_next_take_is_prepared_while_a_pass_runs_and_results_keep_their_rows(tokenizer):
+    """Items that arrive while a pass runs are taken (and padded) then, and run once the worker is free; each
+    still gets its own rows, and each request its results in its own order."""
+    items = [encode(tokenizer, TEXTS[i % len(TEXTS)] + " x" * i) for i in range(12)]
+    inner = SumModel()
+    queued_at_end_of_pass: list[int] = []
+
+    async def scenario(pipeline: bool):
+        batcher = None
+
+        def slow_model(feeds):
+            time.sleep(0.4 if not queued_at_end_of_pass else 0.01)
+            queued_at_end_of_pass.append(batcher.depth)  # items still waiting in the queue (not taken)
+            return inner(feeds)
+
+        batcher, _ = make_batcher(slow_model, per_token=True, max_batch_size=8, max_batch_tokens=512,
+                                  pipeline=pipeline)
+        batcher.start()
+        deadline = time.monotonic() + 30
+        first = batcher.submit(items[:4], deadline)
+        await asyncio.sleep(0.05)  # the first pass is running now
+        later = [batcher.submit(items[k : k + 2], deadline) for k in range(4, 12, 2)]
+        results = [await f for group in [first, *later] for f in group]
+        await batcher.close(5)
+        return results
+
+    for pipeline in (True, False):
+        inner.shapes.clear()
+        queued_at_end_of_pass.clear()
+        results = asyncio.run(scenario(pipeline))
+        for item, result in zip(items, results):
+            assert result.outputs["total"][0] == sum(item.input_ids)
+            assert result.outputs["tokens"][:, 0].tolist() == item.input_ids
+        assert sum(b for b, _ in inner.shapes) == 12
+        # with the pipeline, the 8 later items were taken during the first pass; without, they waited for it
+        assert queued_at_end_of_pass[0] == (0 if pipeline else 8)
+
+
+def test_measured_batch_sizes_per_length_are_honoured(tokenizer):
+    from tasks.inference import BatchTable
+
+    table = BatchTable(lengths=(8, 16, 32, 64), batch_sizes=(8, 4, 2, 1))  # long sequences: smaller passes
+    items = [encode(tokenizer, " ".join(["word"] * n)) for n in (2, 3, 4, 5, 10, 11, 12, 13, 20, 21, 22, 40, 41, 50)]
+    model = SumModel()
+
+    async def scenario():
+        batcher, _ = make_batcher(model, max_batch_size=16, max_batch_tokens=1024, table=table)
+        batcher.start()
+        results = await asyncio.gather(*batcher.submit(items, time.monotonic() + 30))
+        await batcher.close(5)
+        return results
+
+    results = asyncio.run(scenario())
+    assert [r.outputs["total"][0] for r in results] == [sum(x.input_ids) for x in items]
+    for batch, width in model.shapes:
+        assert batch <= table.best_batch_size(width), (batch, width)
+    assert [len(x) for x in items] == [4, 5, 6, 7, 12, 13, 14, 15, 22, 23, 24, 42, 43, 52]
+    assert sorted(model.shapes) == [(1, 32), (1, 64), (1, 64), (1, 64), (2, 32), (4, 8), (4, 16)]

@@ -1,0 +1,164 @@
+"""The one inference path: model items -> batches by length -> padded forward passes -> each item's rows.
+
+Training's dev metrics (`training/predict.py`, a PyTorch runner), the parity gate and the service's
+batcher (an ONNX Runtime runner behind its queue) all run items through these functions, so what is
+evaluated is what is served. A *batch* is what one forward pass sees.
+
+    plan_batches(lengths, shape)  sort by length; one batch per padded width (CPU: the longest item
+                                  rounded up to `pad_multiple`; GPU: its length bucket), split to the
+                                  batch-size limit for that width and to the token budget
+    run_batch(runner, items, batch, per_token)   pad -> run -> each item's own rows
+    iter_batches / run_items      both, over all items (results in the caller's order)
+
+Torch-free: a runner is any callable from padded int64 feeds to named float arrays.
+"""
+
+from __future__ import annotations
+
+import json
+from bisect import bisect_left
+from collections.abc import Callable, Collection, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from tasks.batching import pad_batch
+
+Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+Rows = dict[str, np.ndarray]  # one item's outputs by name
+BATCH_TABLE_FILE = "batch_table.json"
+
+
+class ModelItem(Protocol):
+    """What the task layer makes of an input: EncodedInput, QAWindow (a sequence of token ids)."""
+
+    input_ids: Any
+    token_type_ids: Any
+
+    def __len__(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class BatchTable:
+    """Measured best batch size by padded length (bench/batch_table.py): for a width between two measured
+    lengths the longer one's entry holds (a longer sequence never gets a larger batch than measured)."""
+
+    lengths: tuple[int, ...]  # sorted
+    batch_sizes: tuple[int, ...]
+
+    def best_batch_size(self, width: int) -> int:
+        i = min(bisect_left(self.lengths, width), len(self.lengths) - 1)
+        return self.batch_sizes[i]
+
+    @classmethod
+    def load(cls, path: str | Path) -> BatchTable:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        best = sorted((int(length), int(size)) for length, size in data["best_batch_size"].items())
+        if not best or min(size for _, size in best) < 1:
+            raise ValueError(f"{path}: best_batch_size needs at least one length with a positive batch size")
+        return cls(tuple(length for length, _ in best), tuple(size for _, size in best))
+
+
+@dataclass(slots=True)
+class BatchShape:
+    """How items become batches: padded widths and the limits of one forward pass."""
+
+    buckets: list[int]  # sorted padded lengths; the last is the longest item accepted
+    max_batch_size: int = 32
+    max_batch_tokens: int = 8192  # padded tokens (items x width) of one pass
+    pad_multiple: int | None = None  # CPU: pad to the longest item rounded up to this; None: to its bucket (GPU)
+    table: BatchTable | None = field(default=None)  # measured batch size per width, capped by max_batch_size
+
+    def width_for(self, length: int) -> int | None:
+        """The padded width of a batch whose longest item has `length` tokens; None when too long."""
+        if length > self.buckets[-1]:
+            return None
+        if self.pad_multiple is not None:
+            return min(self.buckets[-1], -(-max(length, 1) // self.pad_multiple) * self.pad_multiple)
+        return self.buckets[bisect_left(self.buckets, length)]
+
+    def batch_size_for(self, width: int) -> int:
+        """Most items in one pass at this width: the measured table's choice, never above max_batch_size."""
+        limit = self.max_batch_size if self.table is None else min(self.max_batch_size,
+                                                                   self.table.best_batch_size(width))
+        return max(1, min(limit, self.max_batch_tokens // max(width, 1)))
+
+    def fits(self, count: int, longest: int) -> bool:
+        """Could `count` items whose longest has `longest` tokens run in one pass?"""
+        width = self.width_for(longest)
+        return width is not None and count <= self.batch_size_for(width) and count * width <= self.max_batch_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One forward pass: which items (indices into the caller's list, shortest first) at which width."""
+
+    members: tuple[int, ...]
+    width: int
+
+
+def plan_batches(lengths: Sequence[int], shape: BatchShape) -> list[Batch]:
+    """Items sorted by length (stable), one run of batches per padded width, each batch within the limits."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    by_width: dict[int, list[int]] = {}
+    for i in order:
+        width = shape.width_for(lengths[i])
+        if width is None:
+            raise ValueError(f"an item of {lengths[i]} tokens is longer than the longest bucket ({shape.buckets[-1]})")
+        by_width.setdefault(width, []).append(i)
+    batches = []
+    for width, members in by_width.items():
+        size = shape.batch_size_for(width)
+        batches += [Batch(tuple(members[at : at + size]), width) for at in range(0, len(members), size)]
+    return batches
+
+
+def split_rows(outputs: dict[str, np.ndarray], lengths: Sequence[int], per_token: bool | Collection[str]) -> list[Rows]:
+    """Each row of a pass's outputs as its item's own; per-token outputs trimmed to the item's length, so
+    padding never reaches decoding. `per_token`: all outputs, none, or the names of those that are."""
+    def is_per_token(name: str) -> bool:
+        return per_token if isinstance(per_token, bool) else name in per_token
+
+    trimmed = {name: is_per_token(name) for name in outputs}
+    return [{name: (value[row, :length] if trimmed[name] else value[row]) for name, value in outputs.items()}
+            for row, length in enumerate(lengths)]
+
+
+def pad(items: Sequence[ModelItem], batch: Batch) -> dict[str, np.ndarray]:
+    """The padded int64 feeds of one batch."""
+    return pad_batch([items[i] for i in batch.members], pad_to=batch.width)  # type: ignore[misc]
+
+
+def run_batch(runner: Runner, items: Sequence[ModelItem], batch: Batch, per_token: bool | Collection[str],
+              feeds: dict[str, np.ndarray] | None = None) -> list[Rows]:
+    """One forward pass: pad (unless `feeds` were padded ahead), run, and the members' own rows in order."""
+    outputs = runner(pad(items, batch) if feeds is None else feeds)
+    return split_rows(outputs, [len(items[i]) for i in batch.members], per_token)
+
+
+def iter_batches(runner: Runner, items: Sequence[ModelItem], per_token: bool | Collection[str], shape: BatchShape
+                 ) -> Iterator[tuple[Batch, list[Rows]]]:
+    """Each planned batch with its members' rows, one pass at a time (the caller keeps what it needs)."""
+    for batch in plan_batches([len(x) for x in items], shape):
+        yield batch, run_batch(runner, items, batch, per_token)
+
+
+def run_items(runner: Runner, items: Sequence[ModelItem], per_token: bool | Collection[str], shape: BatchShape
+              ) -> list[Rows]:
+    """Every item's rows, in the order given."""
+    results: list[Rows | None] = [None] * len(items)
+    for batch, rows in iter_batches(runner, items, per_token, shape):
+        for i, row in zip(batch.members, rows):
+            results[i] = row
+    return results  # type: ignore[return-value]
+
+
+def offline_shape(items: Sequence[ModelItem], batch_size: int, pad_multiple: int = 8) -> BatchShape:
+    """Offline runs (dev metrics, parity): up to `batch_size` items a pass, padded as the service pads on
+    the CPU (to the longest item rounded up to `pad_multiple`), no token budget beyond that."""
+    longest = max((len(x) for x in items), default=1)
+    width = -(-longest // pad_multiple) * pad_multiple
+    return BatchShape([width], max_batch_size=batch_size, max_batch_tokens=batch_size * width, pad_multiple=pad_multiple)
+
