@@ -24,7 +24,7 @@ from fastapi import Request, Response
 from service.errors import ErrorType, ServiceError
 from service.handlers import TaskHandler
 from service.middleware import STARTED_AT
-from service.models import ROUTES, ServedModel
+from service.models import ServedModel
 from service.runtime import Runtime
 from service.settings import ServiceSettings
 
@@ -151,7 +151,7 @@ async def _compute(model: ServedModel, handler: TaskHandler, inputs: list[Any], 
         futures = model.batcher.submit([item for p in prepared for item in p.items], deadline)
     finally:
         model.batcher.expect(-1)
-    runtime.metrics.request_inputs.labels(handler.route or ROUTES[handler.task], model.name).inc(len(inputs))
+    runtime.metrics.request_inputs.labels(handler.route, model.name).inc(len(inputs))
     try:
         item_results = await asyncio.gather(*futures)
     except BaseException:

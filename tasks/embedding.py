@@ -18,7 +18,6 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from tasks.definition import Prepared, TaskDefinition
-
 from tasks.tokenizer import EncodedInput
 
 POOLING_MODES = ("mean", "cls", "max")

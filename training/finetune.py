@@ -144,7 +144,7 @@ def run_finetune(settings: FinetuneSettings) -> dict[str, float]:
     model, report = load_pretrained(head, base, **{k: v for k, v in overrides.items() if v is not None})
     log.info("loaded %s from %s: %s", spec.head_class, base, report)
 
-    dataset = adapter.features(train_examples, spec, training=True)
+    dataset = adapter.features(train_examples, spec)
     out = Path(settings.out)
     train_settings = TrainSettings(
         output_dir=out / "train_state",
