@@ -298,6 +298,7 @@ def _manifest(spec, config, target_precision, opset, inputs, outputs, checkpoint
             "max_position_embeddings": config.max_position_embeddings,
             "vocab_size": config.vocab_size,
             # Sequence heads: how the graph pools the encoder output (in the graph: the service needs nothing).
-            "classifier_pooling": (config.classifier_pooling or "cls") if spec.task in ("classification", "pair") else None,
+            "classifier_pooling": ((config.classifier_pooling or "cls")
+                                   if spec.head_class == "BertForSequenceClassification" else None),
         },
     }

@@ -150,56 +150,62 @@ class ChoiceRequest(ChoiceOptions, _Request):
     ]})
 
 
-class Embedding(BaseModel):
+class _Result(BaseModel):
+    """A result as sent: a field the handlers add but the schema does not declare fails the response check."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Embedding(_Result):
     embedding: list[float] | None = Field(None, description="sentence output: the pooled vector")
     tokens: list[dict[str, Any]] | None = Field(None, description="tokens output: {token, start, end, embedding} per "
                                                                   "text token. " + OFFSETS_NOTE)
     truncated: bool = False
 
 
-class EmbedResponse(BaseModel):
+class EmbedResponse(_Result):
     model: str
     results: list[Embedding]
 
 
-class SimilarityResponse(BaseModel):
+class SimilarityResponse(_Result):
     model: str
     results: list[list[float]] = Field(description="per input: the cosine of source with each target, in order")
 
 
-class FilledToken(BaseModel):
+class FilledToken(_Result):
     score: float
     token: int
     token_str: str
     sequence: str = Field(description="the text with this token in place of the [MASK]")
 
 
-class FillMaskResponse(BaseModel):
+class FillMaskResponse(_Result):
     model: str
     results: list[list[FilledToken] | list[list[FilledToken]]] = Field(
         description="per input: the top_k candidates (one [MASK]) or a list of them per [MASK], as transformers' "
                     "fill-mask pipeline")
 
 
-class RankedChoice(BaseModel):
+class RankedChoice(_Result):
     index: int = Field(description="position of the choice in the request")
     choice: str
     score: float = Field(description="softmax probability over this input's choices")
     truncated: bool = False
 
 
-class ChoiceResponse(BaseModel):
+class ChoiceResponse(_Result):
     model: str
     results: list[list[RankedChoice]] = Field(description="per input: its choices, most probable first")
 
 
-class Label(BaseModel):
+class Label(_Result):
     label: str | None = None
     score: float
     truncated: bool = False
 
 
-class Entity(BaseModel):
+class Entity(_Result):
     entity: str = Field(description="entity type (the raw tag with aggregation none)")
     text: str
     start: int = Field(description=OFFSETS_NOTE)
@@ -207,7 +213,7 @@ class Entity(BaseModel):
     score: float
 
 
-class Answer(BaseModel):
+class Answer(_Result):
     answer: str
     start: int = Field(description=OFFSETS_NOTE)
     end: int
@@ -215,21 +221,42 @@ class Answer(BaseModel):
     is_impossible: bool
 
 
-class ClassifyResponse(BaseModel):
+class ClassifyResponse(_Result):
     model: str
     results: list[Label | list[Label]] = Field(
         description="per input: {label, score, truncated}; with top_k a ranked list; regression: {score}")
 
 
-class NERResponse(BaseModel):
+class NERResponse(_Result):
     model: str
     results: list[list[Entity]] = Field(description="per input: its entities in text order. " + OFFSETS_NOTE)
 
 
-class QAResponse(BaseModel):
+class QAResponse(_Result):
     model: str
     results: list[Answer | list[Answer]] = Field(description="per input: the best answer; with top_k > 1 a ranked "
                                                              "list. " + OFFSETS_NOTE)
+
+
+class OpenAIEmbedding(_Result):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str = Field(description="the unit vector, or with encoding_format base64 its "
+                                                     "little-endian float32 bytes")
+
+
+class Usage(_Result):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingsResponse(_Result):
+    """OpenAI's embeddings response."""
+
+    object: Literal["list"]
+    data: list[OpenAIEmbedding]
+    model: str
+    usage: Usage
 
 
 class ErrorBody(BaseModel):

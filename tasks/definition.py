@@ -56,6 +56,7 @@ class TaskDefinition:
     route: ClassVar[str | None] = None  # the /v1 route that serves it; None: not served
     options: ClassVar[type[BaseModel]] = NoOptions  # the route's request options and their defaults
     input_fields: ClassVar[tuple[str, ...]] = ()  # one input is an object with these fields; () a text
+    data_format: ClassVar[str | None] = None  # the data file format `--format auto` means; None: sniffed
     parity_examples: ClassVar[int] = 256  # examples of the parity gate's default dev slice
     metric_examples: ClassVar[int | None] = None  # dev examples of the parity metric gate; None: no metric
     agreement: ClassVar[str] = "same predicted label(s)"  # what parity_answer compares, for the report

@@ -124,19 +124,6 @@ def align_labels(
     return out.tolist()
 
 
-def decode_word_tags(encoded: WordEncoding, logits: np.ndarray, labels: Sequence[str] | LabelSet) -> list[str]:
-    """The predicted tag of each word: the argmax at its first sub-token; "O" for a word with no
-    token (truncated away, or made only of characters the tokenizer drops)."""
-    names = list(labels)
-    tags = [OUTSIDE] * encoded.num_words
-    seen = np.flatnonzero(encoded.first_tokens >= 0)
-    if len(seen):
-        best = np.asarray(logits)[encoded.first_tokens[seen]].argmax(axis=-1)
-        for word, label_id in zip(seen.tolist(), best.tolist()):
-            tags[word] = names[label_id]
-    return tags
-
-
 # -- serving raw text ------------------------------------------------------------------------------
 
 
@@ -369,6 +356,7 @@ class NERTask(TaskDefinition):
     per_token = True
     route = "/v1/ner"
     options = NEROptions
+    data_format = "conll"
     parity_examples = 128
     metric_examples = 1000
     agreement = "same entity spans (type, start, end), simple aggregation, per text"

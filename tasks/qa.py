@@ -444,6 +444,7 @@ class QATask(TaskDefinition):
     route = "/v1/qa"
     options = QAOptions
     input_fields = ("question", "context")
+    data_format = "squad"
     parity_examples = 100
     metric_examples = 1000
     agreement = "same best answer span (start, end, no-answer) over all windows, per question"

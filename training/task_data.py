@@ -21,6 +21,7 @@ from tokenizers import Tokenizer
 from tasks import classification, multiple_choice, ner, qa, readers
 from tasks.batching import pad_batch
 from tasks.definition import ItemOutputs, ItemRunner
+from tasks.registry import definition
 from tasks.spec import TaskSpec
 from training.predict import predict
 
@@ -85,10 +86,8 @@ def _sniff_format(path: Path, requested: str, task: str) -> str:
     if requested != "auto":
         return requested
     name = path.name.lower()
-    if task == "qa":
-        return "squad"
-    if task == "ner":
-        return "conll"
+    if definition(task).data_format:
+        return definition(task).data_format
     if name.endswith(".tsv"):
         header = path.open(encoding="utf-8-sig").readline().rstrip("\n").split("\t")
         if header[:2] == ["sentence", "label"]:
