@@ -86,10 +86,7 @@ def answer_over_windows(folder: Path, question: str, context: str, max_seq_lengt
     """The best span over all of transformers' doc-stride windows of a long context (its tokenizer with
     truncation="only_second" and stride = the overlap, as its old QA pipeline did), each window's spans
     scored start_logit + end_logit as `answers` does; and the number of windows."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(folder))
-    model = _qa_model(folder)
+    tokenizer, model = _qa_model(folder)
     encoded = tokenizer(question, context, truncation="only_second", max_length=max_seq_length, stride=overlap,
                         return_overflowing_tokens=True, return_offsets_mapping=True, padding=True,
                         return_tensors="pt")
@@ -111,6 +108,6 @@ def answer_over_windows(folder: Path, question: str, context: str, max_seq_lengt
 
 @cache
 def _qa_model(folder: Path):
-    from transformers import AutoModelForQuestionAnswering
+    from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
-    return AutoModelForQuestionAnswering.from_pretrained(str(folder)).eval()
+    return AutoTokenizer.from_pretrained(str(folder)), AutoModelForQuestionAnswering.from_pretrained(str(folder)).eval()
