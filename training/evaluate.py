@@ -31,9 +31,9 @@ def evaluate_model(
     else:
         spec = TaskSpec.load(folder)
         model, tokenizer = _torch_model(folder, spec, device), load_tokenizer(folder)
-    if spec.definition.metric_examples is None:
-        raise SystemExit(f"{folder}: a {spec.task} model has no dev metric here (fill-mask: use `berth pretrain "
-                         "--eval-only`)")
+    if spec.task not in task_data.ADAPTERS:
+        raise SystemExit(f"{folder}: a {spec.task} model has no dev data reader here (fill-mask: use `berth "
+                         "pretrain --eval-only`)")
     settings = FinetuneSettings(task=spec.task, train_file=Path(data), out=folder, data_format=data_format,
                                 regression=spec.problem_type == "regression", max_seq_length=spec.max_seq_length,
                                 doc_stride=spec.doc_stride, max_query_length=spec.max_query_length)
