@@ -56,7 +56,7 @@ def workloads(sst2_examples: int, squad_questions: int) -> dict[str, dict[str, A
     adapter = task_data.adapter_for(sst2, tokenizer)
     examples = adapter.read(sst2.train_file, limit=sst2_examples, seed=0)
     out["SST-2 len 64"] = {"task": "classification", "batch_size": 32,
-                           "features": adapter.features(examples, adapter.spec(examples), training=True)}
+                           "features": adapter.features(examples, adapter.spec(examples))}
     squad_file = DATA / "squad" / "v1.1" / "train-v1.1-subset-44articles.json"
     for length in (256, 384):
         squad = FinetuneSettings(task="qa", train_file=squad_file, out=Path("unused"), max_seq_length=length,
@@ -64,7 +64,7 @@ def workloads(sst2_examples: int, squad_questions: int) -> dict[str, dict[str, A
         adapter = task_data.adapter_for(squad, tokenizer)
         examples = adapter.read(squad_file, limit=squad_questions, seed=0)
         out[f"SQuAD windows {length}"] = {"task": "qa", "batch_size": 8,
-                                          "features": adapter.features(examples, adapter.spec(examples), training=True)}
+                                          "features": adapter.features(examples, adapter.spec(examples))}
     return out
 
 

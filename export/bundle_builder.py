@@ -28,7 +28,6 @@ from tasks.bundle import (
     write_manifest,
 )
 from tasks.onnx_session import CPU, CUDA, create_session
-from tasks.spec import OUTPUT_NAMES
 from tasks.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -66,7 +65,7 @@ def export_bundle(
       (the playground offers them); checked before anything is exported.
     - `data_dir`: the shared data sets for the parity slice (default ../shared/data if present,
       else the shipped samples, else built-in sentences); `parity_examples` examples are checked
-      (default: `parity.DEFAULT_EXAMPLES` of the task),
+      (default: the task definition's `parity_examples`),
       and fp16/int8 must give the same task answer on `min_agreement` of them (the threshold used
       is written into the manifest).
     - `pooling`: for `embedding`, overrides the pooling read from the folder's sentence-transformers files.
@@ -127,12 +126,12 @@ def export_bundle(
 
         tokenizer = load_tokenizer(final / TOKENIZER_FILE)
         examples, source = parity.parity_slice(
-            spec, tokenizer, data_dir, parity_examples or parity.DEFAULT_EXAMPLES[spec.task])
-        reference = parity.torch_runner(model, OUTPUT_NAMES[spec.task])
+            spec, tokenizer, data_dir, parity_examples or spec.definition.parity_examples)
+        reference = parity.torch_runner(model, spec.output_names)
         reports = []
         for provider in _providers_to_validate(precision, prefer_gpu):
             session, used = create_session(model_path, precision, threads or 0, prefer_gpu=provider == CUDA)
-            report = parity.check_parity(spec, examples, reference, parity.onnx_runner(session, OUTPUT_NAMES[spec.task]),
+            report = parity.check_parity(spec, examples, reference, parity.onnx_runner(session, spec.output_names),
                                          precision, used, source, min_agreement=min_agreement,
                                          raise_on_failure=precision == "fp32", metric_checked=dev_file is not None)
             if precision != "fp32":
@@ -164,7 +163,7 @@ def _with_metric_gate(report: dict[str, Any], spec, tokenizer, dev_file: Path | 
                       metric_examples: int | None) -> dict[str, Any]:
     """Add the task-metric gate to an fp16/int8 agreement report; raise `ParityError` if either failed."""
     if dev_file is not None:
-        candidate = parity.onnx_torch_module(session, OUTPUT_NAMES[spec.task])
+        candidate = parity.onnx_torch_module(session, spec.output_names)
         metric = parity.metric_gate(spec, tokenizer, dev_file, model, candidate, metric_examples)
         report = {**report, "metric": metric, "passed": report["passed"] and metric["passed"],
                   "threshold": {**report["threshold"], "metric_drop_points": metric["max_drop_points"]}}
@@ -299,6 +298,7 @@ def _manifest(spec, config, target_precision, opset, inputs, outputs, checkpoint
             "max_position_embeddings": config.max_position_embeddings,
             "vocab_size": config.vocab_size,
             # Sequence heads: how the graph pools the encoder output (in the graph: the service needs nothing).
-            "classifier_pooling": (config.classifier_pooling or "cls") if spec.task in ("classification", "pair") else None,
+            "classifier_pooling": ((config.classifier_pooling or "cls")
+                                   if spec.head_class == "BertForSequenceClassification" else None),
         },
     }

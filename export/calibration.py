@@ -38,7 +38,7 @@ def model_inputs(spec: TaskSpec, tokenizer: Tokenizer, path: Path, limit: int, s
     first `limit` when seed is None), sorted by length so batches pad little, as the service's do."""
     task = adapter(spec, tokenizer, Path(path))
     examples = task.read(Path(path), limit=limit, seed=seed)
-    features = task.features(examples, spec, training=False)
+    features = task.features(examples, spec)
     return sorted(features, key=len)
 
 

@@ -3,7 +3,7 @@
 The TorchScript exporter (`dynamo=False`) with the explicit ("eager") attention graph is used on
 purpose: it is the graph ONNX Runtime's offline transformer optimizer recognizes and fuses into its
 Attention operator (GUIDE.md §5). Inputs are `input_ids`, `attention_mask`, `token_type_ids`
-(int64, dynamic batch and sequence axes); outputs are named as `tasks.spec.OUTPUT_NAMES` says.
+(int64, dynamic batch and sequence axes); outputs are named as the task's definition (tasks/registry.py) says.
 """
 
 from __future__ import annotations
@@ -18,26 +18,16 @@ from torch import nn
 
 from tasks.batching import MODEL_INPUT_NAMES
 from tasks.embedding import sentence_transformers_settings
-from tasks.spec import OUTPUT_NAMES, TASK_FILE, TaskSpec
+from tasks.registry import definition
+from tasks.spec import TASK_FILE, TaskSpec
 from training.checkpoint import LoadReport, load_pretrained
 from training.model import MODEL_CLASSES, BertPreTrainedModel
 
 OPSET = 17
 
-# The dynamic axes of each output, by task: every output starts with the batch axis.
-OUTPUT_AXES: dict[str, dict[int, str]] = {
-    "classification": {0: "batch"},
-    "pair": {0: "batch"},
-    "ner": {0: "batch", 1: "sequence"},
-    "qa": {0: "batch", 1: "sequence"},
-    "fill-mask": {0: "batch", 1: "sequence"},
-    "multiple-choice": {0: "batch"},
-}
-# Outputs whose axes differ from their task's default above.
-OUTPUT_AXES_BY_NAME: dict[str, dict[int, str]] = {
-    "sentence_embedding": {0: "batch"},
-    "hidden_states": {0: "batch", 1: "sequence"},
-}
+# The dynamic axes of an output: every output starts with the batch axis; per-token outputs have a sequence axis.
+BATCH_AXES: dict[int, str] = {0: "batch"}
+TOKEN_AXES: dict[int, str] = {0: "batch", 1: "sequence"}
 
 
 class ExportError(RuntimeError):
@@ -102,7 +92,8 @@ def export_onnx(model: BertPreTrainedModel, task: str, path: str | Path, opset: 
     import onnx
 
     path = Path(path)
-    output_names = OUTPUT_NAMES[task]
+    task_definition = definition(task)
+    output_names = task_definition.output_names
     previous = _attention_implementation(model)
     model.set_attention_implementation("eager")
     wrapper = NamedOutputs(model, output_names).eval()
@@ -111,7 +102,8 @@ def export_onnx(model: BertPreTrainedModel, task: str, path: str | Path, opset: 
     attention_mask = (input_ids != 0).long()
     token_type_ids = torch.zeros_like(input_ids)
     dynamic_axes = {name: {0: "batch", 1: "sequence"} for name in MODEL_INPUT_NAMES}
-    dynamic_axes.update({name: OUTPUT_AXES_BY_NAME.get(name) or OUTPUT_AXES[task] for name in output_names})
+    dynamic_axes.update({name: TOKEN_AXES if task_definition.is_token_output(name) else BATCH_AXES
+                         for name in output_names})
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice

@@ -21,17 +21,18 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer
 
-from tasks import classification, ner, qa, readers
+from tasks.definition import ItemOutputs, Prepared
+from tasks.embedding import EMBEDDING_MIN_COSINE
 from tasks.inference import iter_batches, offline_shape
-from tasks.spec import OUTPUT_NAMES, TaskSpec
-from tasks.tokenizer import MASK, encode
+from tasks.registry import definition
+from tasks.spec import TaskSpec
 
 log = logging.getLogger(__name__)
 
@@ -40,42 +41,14 @@ MIN_AGREEMENT = 0.99
 CONFIDENT_MARGIN = 0.2  # top-1 minus runner-up probability of the reference answer
 MIN_CONFIDENT = 20
 MAX_METRIC_DROP = 0.5  # points (of a metric in %)
-# Dev examples scored by the metric gate: with paired answers, one changed answer moves the metric by
-# 100 / n points, so 0.5 point is a handful of net changes on these sizes, not one.
-DEFAULT_METRIC_EXAMPLES = {"classification": 1000, "pair": 1000, "ner": 1000, "qa": 1000}
-# Examples in the default dev slice: enough that 99% agreement tolerates an odd flip (1 in 100+),
-# few enough that the gate takes well under a minute on 2 CPU cores (QA windows are 384 tokens).
-DEFAULT_EXAMPLES = {"classification": 256, "pair": 256, "fill-mask": 128, "ner": 128, "qa": 100, "embedding": 256,
-                    "multiple-choice": 256}
-EMBEDDING_MIN_COSINE = 0.99  # fp16/int8 embeddings agree when their cosine with PyTorch's is at least this
+# The examples of the dev slices are each task definition's `parity_examples` (enough that 99% agreement
+# tolerates an odd flip, few enough that the gate takes well under a minute on 2 CPU cores) and
+# `metric_examples` (with paired answers, one changed answer moves the metric by 100 / n points, so
+# 0.5 point is a handful of net changes on these sizes, not one).
 REGRESSION_TOLERANCE = 0.01  # a regression score agrees within 1% of the slice's score range (at least 0.01)
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = REPO / "data" / "samples"
-
-# Used when neither ../shared/data nor the shipped samples are there (e.g. an installed wheel).
-BUILTIN_SENTENCES = [
-    "The film is a charming and often affecting journey.",
-    "Unflinchingly bleak and desperate.",
-    "It's slow -- very, very slow.",
-    "A sometimes tedious film, but the acting, costumes, music and cinematography are all astounding.",
-    "Emma is a novel by Jane Austen, first published in December 1815.",
-    "The European Commission said on Thursday it disagreed with German advice to consumers to shun British lamb.",
-    "Peter Blackburn met officials of the World Health Organization in Geneva on Monday.",
-    "Who wrote the theory of relativity, and when was it published?",
-]
-BUILTIN_CONTEXT = (
-    "The Normans (Norman: Nourmands; French: Normands; Latin: Normanni) were the people who in the 10th and "
-    "11th centuries gave their name to Normandy, a region in France. They were descended from Norse raiders and "
-    "pirates from Denmark, Iceland and Norway who, under their leader Rollo, agreed to swear fealty to King "
-    "Charles III of West Francia. Through generations of assimilation and mixing with the native Frankish and "
-    "Roman-Gaulish populations, their descendants would gradually merge with the Carolingian-based cultures of "
-    "West Francia. The distinct cultural and ethnic identity of the Normans emerged initially in the first half "
-    "of the 10th century, and it continued to evolve over the succeeding centuries. "
-) * 3
-BUILTIN_QUESTIONS = ["In what country is Normandy located?", "Who was the Norse leader?",
-                     "When were the Normans in Normandy?", "From which countries did the Norse originate?"]
-
 
 class ParityError(RuntimeError):
     """The ONNX model disagrees with PyTorch beyond the precision's threshold; `report` has the figures."""
@@ -87,13 +60,14 @@ class ParityError(RuntimeError):
 
 @dataclass
 class ParityExample:
-    """One dev example: its model inputs (one or more windows) and what decoding it needs."""
+    """One dev input, prepared as its task definition prepares it for serving (or for the gate)."""
 
     id: str
-    features: list[Any]  # EncodedInput / QAWindow: has input_ids, token_type_ids, len()
-    text: str = ""
-    windows: Any = None  # ner.NERWindows or list[qa.QAWindow]
-    mask_positions: list[int] = field(default_factory=list)  # fill-mask: where [MASK] is
+    prepared: Prepared
+
+    @property
+    def features(self) -> Sequence[Any]:  # EncodedInput / QAWindow: has input_ids, token_type_ids, len()
+        return self.prepared.items
 
 
 Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
@@ -109,10 +83,12 @@ def default_data_dir() -> Path | None:
 
 
 def parity_slice(spec: TaskSpec, tokenizer: Tokenizer, data_dir: Path | None, size: int) -> tuple[list[ParityExample], str]:
-    """`size` real examples of the task, encoded with the spec's settings, and where they came from."""
-    builders = {"classification": _text_slice, "pair": _pair_slice, "ner": _ner_slice, "qa": _qa_slice,
-                "fill-mask": _fill_mask_slice, "embedding": _text_slice, "multiple-choice": _pair_slice}
-    return builders[spec.task](spec, tokenizer, data_dir, size)
+    """`size` real examples of the task, prepared with the spec's settings, and where they came from."""
+    task = definition(spec.task)
+    path = _first_file(data_dir, *task.parity_files) if task.parity_files else None
+    examples = [ParityExample(str(getattr(raw, "id", "") or f"{spec.task}-{i}"), task.prepare_parity(tokenizer, spec, raw))
+                for i, raw in enumerate(task.parity_inputs(path, size))]
+    return examples, str(path) if path else "built-in inputs"
 
 
 def _first_file(data_dir: Path | None, shared: str, sample: str | None) -> Path | None:
@@ -120,95 +96,6 @@ def _first_file(data_dir: Path | None, shared: str, sample: str | None) -> Path 
         if path is not None and path.is_file():
             return path
     return None
-
-
-def _sentences(data_dir: Path | None, size: int) -> tuple[list[str], str]:
-    path = _first_file(data_dir, "sst2/dev.tsv", "topics/dev.jsonl")
-    if path is None:
-        return BUILTIN_SENTENCES[:size], "built-in sentences"
-    examples = readers.read_sst2(path) if path.suffix == ".tsv" else readers.read_table(path)
-    return [e.text for e in examples[:size]], str(path)
-
-
-def _text_slice(spec, tokenizer, data_dir, size):
-    texts, source = _sentences(data_dir, size)
-    examples = [ParityExample(f"text-{i}", [encode(tokenizer, t, max_length=spec.max_seq_length)], t)
-                for i, t in enumerate(texts)]
-    return examples, source
-
-
-def _pair_slice(spec, tokenizer, data_dir, size):
-    path = _first_file(data_dir, "mrpc/dev.tsv", "stsb/dev.jsonl")
-    if path is None:
-        pairs = list(zip(BUILTIN_SENTENCES[0::2], BUILTIN_SENTENCES[1::2]))[:size]
-        source = "built-in sentence pairs"
-    else:
-        rows = readers.read_mrpc(path) if path.suffix == ".tsv" else readers.read_table(path, regression=True)
-        pairs = [(e.text, e.text_pair) for e in rows[:size]]
-        source = str(path)
-    examples = [ParityExample(f"pair-{i}", [encode(tokenizer, a, b, max_length=spec.max_seq_length)], a)
-                for i, (a, b) in enumerate(pairs)]
-    return examples, source
-
-
-def _ner_slice(spec, tokenizer, data_dir, size):
-    path = _first_file(data_dir, "conll2003/iob2/valid.txt", "entities/dev.conll")
-    if path is None:
-        texts, source = BUILTIN_SENTENCES[:size], "built-in sentences"
-    else:
-        sentences = [" ".join(e.tokens) for e in readers.read_conll(path)]
-        # Mostly single sentences, and one long document (several windows) from the sentences after them.
-        texts = sentences[: max(1, size - 1)]
-        if size > 1:
-            texts.append(" ".join(sentences[size : size + 40]))
-        source = str(path)
-    window = spec.max_seq_length - 2
-    stride = min(spec.doc_stride, window // 2)
-    examples = []
-    for i, text in enumerate(texts):
-        windows = ner.ner_windows(tokenizer, text, spec.max_seq_length, stride)
-        examples.append(ParityExample(f"ner-{i}", list(windows), text, windows))
-    return examples, source
-
-
-def _qa_slice(spec, tokenizer, data_dir, size):
-    path = _first_file(data_dir, "squad/v1.1/dev-v1.1.json", "squad/dev.json")
-    if path is None:
-        pairs = [(f"builtin-{i}", q, BUILTIN_CONTEXT) for i, q in enumerate(BUILTIN_QUESTIONS)][:size]
-        source = "built-in question and context"
-    else:
-        seen: set[str] = set()
-        candidates = []  # one question per paragraph, in file order
-        for example in qa.read_squad(path):
-            if example.context not in seen:
-                seen.add(example.context)
-                candidates.append(example)
-        # A quarter from the longest contexts (several full windows each), the rest in file order.
-        longest = sorted(candidates, key=lambda e: -len(e.context))[: max(1, size // 4)]
-        chosen_ids = {e.id for e in longest}
-        in_order = [e for e in candidates if e.id not in chosen_ids][: size - len(longest)]
-        picked = [e for pair in zip(longest, in_order) for e in pair] + longest[len(in_order):] + in_order[len(longest):]
-        pairs = [(e.id, e.question, e.context) for e in picked[:size]]
-        source = str(path)
-    examples = []
-    for qid, question, context in pairs:
-        windows = qa.make_windows(tokenizer, question, context, spec.max_seq_length, spec.doc_stride,
-                                  spec.max_query_length)
-        examples.append(ParityExample(f"qa-{qid}", list(windows), question, windows))
-    return examples, source
-
-
-def _fill_mask_slice(spec, tokenizer, data_dir, size):
-    texts, source = _sentences(data_dir, size)
-    mask_id = tokenizer.token_to_id(MASK)
-    examples = []
-    for i, text in enumerate(texts):
-        encoded = encode(tokenizer, text, max_length=spec.max_seq_length)
-        position = max(1, (len(encoded) - 1) // 2)  # a middle token (never [CLS] / the last [SEP])
-        encoded.input_ids = list(encoded.input_ids)
-        encoded.input_ids[position] = mask_id
-        examples.append(ParityExample(f"mask-{i}", [encoded], text, mask_positions=[position]))
-    return examples, source
 
 
 # -- running both engines ------------------------------------------------------------------------------
@@ -232,37 +119,33 @@ def onnx_runner(session: Any, output_names: Sequence[str]) -> Runner:
     return run
 
 
-def _per_token(task: str, output: str = "") -> bool:
-    return task in ("ner", "qa", "fill-mask") or output == "hidden_states"
-
-
 def run_pair(
     examples: list[ParityExample], task: str, reference: Runner, candidate: Runner, batch_size: int = 8
-) -> tuple[dict[str, Any], list[dict[str, list[np.ndarray]]], list[dict[str, list[np.ndarray]]]]:
-    """Run both engines on the same padded batches; return the numeric diffs and, per example and
-    output, the per-feature arrays decoding needs (trimmed to the feature's real length)."""
-    task_outputs = OUTPUT_NAMES[task]
+) -> tuple[dict[str, Any], list[list[ItemOutputs]], list[list[ItemOutputs]]]:
+    """Run both engines on the same padded batches; return the numeric diffs and, per example, the
+    outputs of each of its items as decoding takes them (per-token rows trimmed to the item)."""
+    task_definition = definition(task)
+    task_outputs = task_definition.output_names
     flat = [(i, feature) for i, example in enumerate(examples) for feature in example.features]
-    kept = [[{name: [] for name in task_outputs} for _ in examples] for _ in range(2)]
+    kept: list[list[list[ItemOutputs]]] = [[[] for _ in examples] for _ in range(2)]
     max_diff = {name: 0.0 for name in task_outputs}
     sum_diff, count = 0.0, 0
     lengths, batch_sizes = [], []
     features = [feature for _, feature in flat]
-    per_token = {name for name in task_outputs if _per_token(task, name)}
-    by_feature: list[list[dict[str, np.ndarray]]] = [[{} for _ in flat] for _ in range(2)]
+    token_outputs = {name for name in task_outputs if task_definition.is_token_output(name)}
+    by_feature: list[list[ItemOutputs]] = [[{} for _ in flat] for _ in range(2)]
 
     def run_both(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         ref, cand = reference(feeds), candidate(feeds)
         return {**{f"reference/{n}": ref[n] for n in task_outputs}, **{f"candidate/{n}": cand[n] for n in task_outputs}}
 
     # The service's path (tasks/inference.py): sorted by length, padded to the batch's longest rounded to 8.
-    trimmed = {f"{side}/{name}" for side in ("reference", "candidate") for name in per_token}
+    trimmed = {f"{side}/{name}" for side in ("reference", "candidate") for name in token_outputs}
     for batch, rows in iter_batches(run_both, features, trimmed, offline_shape(features, batch_size)):
         lengths += [len(features[i]) for i in batch.members]
         batch_sizes.append(len(batch.members))
         for i, row in zip(batch.members, rows):
-            example_index = flat[i][0]
-            example = examples[example_index]
+            prepared = examples[flat[i][0]].prepared
             for name in task_outputs:
                 ref, cand = row[f"reference/{name}"], row[f"candidate/{name}"]  # real positions only
                 diff = np.abs(ref.astype(np.float64) - cand.astype(np.float64))
@@ -270,13 +153,10 @@ def run_pair(
                 sum_diff += float(diff.sum())
                 count += diff.size
                 for side, array in enumerate((ref, cand)):
-                    if task == "fill-mask":
-                        array = array[example.mask_positions]  # (M, V): the vocabulary is large
-                    by_feature[side][i][name] = np.array(array)
-    for side in range(2):  # each example's windows in their own order
+                    by_feature[side][i][name] = np.array(task_definition.kept_rows(prepared, name, array))
+    for side in range(2):  # each example's items in their own order
         for i, (example_index, _) in enumerate(flat):
-            for name in task_outputs:
-                kept[side][example_index][name].append(by_feature[side][i][name])
+            kept[side][example_index].append(by_feature[side][i])
     figures = {
         "max_abs_diff": max(max_diff.values()),
         "max_abs_diff_by_output": max_diff,
@@ -292,63 +172,15 @@ def run_pair(
 # -- task-level answers ---------------------------------------------------------------------------------
 
 
-def task_answer(spec: TaskSpec, example: ParityExample, outputs: dict[str, list[np.ndarray]]) -> Hashable:
+def task_answer(spec: TaskSpec, example: ParityExample, outputs: Sequence[ItemOutputs]) -> Hashable:
     """What the service would answer for this example, reduced to what must not change."""
-    if spec.task == "embedding":
-        return tuple(float(x) for x in outputs["sentence_embedding"][0])
-    if spec.task in ("classification", "pair", "multiple-choice"):
-        logits = outputs["logits"][0]  # (C,)
-        kind = classification.resolve_problem_type(spec.problem_type, logits.shape[-1])
-        if kind == classification.REGRESSION:
-            return float(logits[0])
-        if kind == classification.MULTI_LABEL:
-            return tuple(bool(x) for x in logits > 0)
-        return int(np.argmax(logits))
-    if spec.task == "ner":
-        entities = ner.decode_entities(example.text, example.windows, outputs["logits"], spec.labels, "simple")
-        return tuple((e["entity"], e["start"], e["end"]) for e in entities)
-    if spec.task == "qa":
-        best = qa.decode_answers(example.windows, outputs["start_logits"], outputs["end_logits"],
-                                 handle_impossible=spec.version_2_with_negative,
-                                 null_score_diff_threshold=spec.null_score_diff_threshold)[0]
-        return (best.start, best.end, best.is_impossible)
-    if spec.task == "fill-mask":
-        return tuple(int(i) for i in np.argmax(outputs["logits"][0], axis=-1))
-    raise ValueError(f"unknown task {spec.task!r}")
+    return definition(spec.task).parity_answer(None, spec, example.prepared, outputs)
 
 
-def confidence(spec: TaskSpec, example: ParityExample, outputs: dict[str, list[np.ndarray]]) -> float:
-    """How clearly the reference prefers its answer: top-1 minus runner-up probability (1.0 for regression).
-
-    Classification: over the labels (per label for multi-label: distance of the sigmoid from 0.5,
-    doubled). NER: the least clear real token of the text. QA: the best span over the n-best spans
-    of all windows. Fill-mask: the least clear [MASK] position. Multiple choice: one score per choice item,
-    compared as a regression (1.0).
-    Embedding: 1.0 (no discrete answer; its agreement is a cosine).
-    """
-    def margin(logits: np.ndarray) -> np.ndarray:  # (..., C) -> (...)
-        probs = classification.softmax(np.asarray(logits, dtype=np.float64))
-        top = np.sort(probs, axis=-1)
-        return top[..., -1] - top[..., -2]
-
-    if spec.task in ("classification", "pair", "multiple-choice"):  # a choice is one item with one score
-        logits = outputs["logits"][0]
-        kind = classification.resolve_problem_type(spec.problem_type, logits.shape[-1])
-        if kind == classification.REGRESSION:
-            return 1.0
-        if kind == classification.MULTI_LABEL:
-            return float(np.min(np.abs(classification.sigmoid(logits) - 0.5)) * 2)
-        return float(margin(logits))
-    if spec.task == "embedding":  # no discrete answer: every vector counts (agreement is by cosine)
-        return 1.0
-    if spec.task in ("ner", "fill-mask"):
-        return float(min(margin(window).min() for window in outputs["logits"]))
-    if spec.task == "qa":
-        answers = qa.decode_answers(example.windows, outputs["start_logits"], outputs["end_logits"], top_k=2,
-                                    handle_impossible=spec.version_2_with_negative,
-                                    null_score_diff_threshold=spec.null_score_diff_threshold)
-        return answers[0].score - (answers[1].score if len(answers) > 1 else 0.0)
-    raise ValueError(f"unknown task {spec.task!r}")
+def confidence(spec: TaskSpec, example: ParityExample, outputs: Sequence[ItemOutputs]) -> float:
+    """How clearly the reference prefers its answer: top-1 minus runner-up probability (1.0: always counts,
+    e.g. a regression score or an embedding, whose agreement is a tolerance or a cosine)."""
+    return definition(spec.task).confidence(spec, example.prepared, outputs)
 
 
 def _agree(a: Hashable, b: Hashable, tolerance: float | None) -> bool:
@@ -436,17 +268,9 @@ def _confident_phrase(report: dict[str, Any]) -> str:
 
 
 def _agreement_measure(spec: TaskSpec, tolerance: float | None) -> str:
-    if spec.task == "ner":
-        return "same entity spans (type, start, end), simple aggregation, per text"
-    if spec.task == "qa":
-        return "same best answer span (start, end, no-answer) over all windows, per question"
-    if spec.task == "fill-mask":
-        return "same top-1 token at the [MASK] position"
-    if spec.task == "embedding":
-        return f"sentence embedding cosine with PyTorch's >= {EMBEDDING_MIN_COSINE}"
     if tolerance is not None:
         return f"regression score within {tolerance:.4g}"
-    return "same predicted label(s)"
+    return definition(spec.task).agreement
 
 
 def _first_difference(a: Hashable, b: Hashable, context: int = 2) -> dict[str, Any]:
@@ -512,10 +336,8 @@ def onnx_torch_module(session: Any, output_names: Sequence[str]) -> Any:
 
 
 def headline_metric(task: str, metrics: dict[str, float]) -> str:
-    """Entity / answer F1 for NER and QA, Pearson for a regression score, else accuracy."""
-    if task in ("ner", "qa"):
-        return "f1"
-    return "pearson" if "pearson" in metrics else "accuracy"
+    """The metric the gate guards: entity / answer F1 for NER and QA, Pearson for a regression score, else accuracy."""
+    return definition(task).headline_metric(metrics)[0]
 
 
 def metric_gate(
@@ -527,11 +349,10 @@ def metric_gate(
     from export.calibration import adapter
 
     task = adapter(spec, tokenizer, dev_file)
-    examples = task.read(dev_file, limit=limit or DEFAULT_METRIC_EXAMPLES[spec.task], seed=None)
+    examples = task.read(dev_file, limit=limit or spec.definition.metric_examples, seed=None)
     ref_metrics, _ = task.evaluate(reference, examples, spec)
     cand_metrics, _ = task.evaluate(candidate, examples, spec)
-    name = headline_metric(spec.task, ref_metrics)
-    scale = 1.0 if spec.task == "qa" else 100.0  # the SQuAD script reports percent, the others fractions
+    name, scale = spec.definition.headline_metric(ref_metrics)
     ref_value, cand_value = ref_metrics[name] * scale, cand_metrics[name] * scale
     return {
         "name": name,

@@ -12,6 +12,8 @@ the `Server-Timing` header (milliseconds), so the per-request overhead can be re
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
@@ -20,13 +22,16 @@ from typing import Any
 
 import orjson
 from fastapi import Request, Response
+from pydantic import TypeAdapter, ValidationError
 
 from service.errors import ErrorType, ServiceError
 from service.handlers import TaskHandler
 from service.middleware import STARTED_AT
-from service.models import ROUTES, ServedModel
+from service.models import ServedModel
 from service.runtime import Runtime
 from service.settings import ServiceSettings
+
+log = logging.getLogger("berth.service.inference")
 
 CLIENT_GONE_STATUS = 499  # nginx's "client closed request": nobody reads it, the metrics count it
 
@@ -74,6 +79,7 @@ async def infer(request: Request, runtime: Runtime, handler: TaskHandler, body: 
     timings.parse_s = started - received
     begin = time.perf_counter()
     body_out = payload_shape(model.name, results) if payload_shape else {"model": model.name, "results": results}
+    check_response(request, body_out)
     payload = orjson.dumps(body_out, option=orjson.OPT_SERIALIZE_NUMPY)
     end = time.perf_counter()
     timings.serialize_s = end - begin
@@ -86,6 +92,25 @@ async def infer(request: Request, runtime: Runtime, handler: TaskHandler, body: 
         "server-timing": timings.server_timing(total),
         "x-model": model.name,
     })
+
+
+def check_response(request: Request, body: dict[str, Any]) -> None:
+    """Validate a response against the response model its route declares (and /docs shows), so the
+    OpenAPI page cannot drift from what is sent: a mismatch is a 500 naming the schema, never sent."""
+    declared = getattr(request.scope.get("route"), "response_model", None)
+    if declared is None:
+        return
+    try:
+        _adapter(declared).validate_python(body)
+    except ValidationError as error:
+        log.error("response of %s does not match %s: %s", request.url.path, declared.__name__, error)
+        raise ServiceError(ErrorType.INTERNAL, f"the response does not match its declared schema "
+                           f"{declared.__name__} ({error.error_count()} problem(s)); this is a bug") from None
+
+
+@functools.cache
+def _adapter(declared: type) -> TypeAdapter:
+    return TypeAdapter(declared)
 
 
 def _ms(seconds: float) -> str:
@@ -151,7 +176,7 @@ async def _compute(model: ServedModel, handler: TaskHandler, inputs: list[Any], 
         futures = model.batcher.submit([item for p in prepared for item in p.items], deadline)
     finally:
         model.batcher.expect(-1)
-    runtime.metrics.request_inputs.labels(handler.route or ROUTES[handler.task], model.name).inc(len(inputs))
+    runtime.metrics.request_inputs.labels(handler.route, model.name).inc(len(inputs))
     try:
         item_results = await asyncio.gather(*futures)
     except BaseException:

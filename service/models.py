@@ -25,19 +25,14 @@ from service.errors import ErrorType, ServiceError
 from service.metrics import Metrics
 from service.settings import ServiceSettings
 from tasks.bundle import MODEL_FILE, TOKENIZER_FILE, Bundle, BundleError, find_bundles, load_bundle
+from tasks.definition import TaskDefinition
 from tasks.inference import BatchTable
 from tasks.onnx_session import CUDA, create_session
-from tasks.spec import OUTPUT_NAMES, TaskSpec
+from tasks.registry import definition
+from tasks.spec import TaskSpec
 from tasks.tokenizer import CLS, SEP, UNK, EncodedInput
 
 log = logging.getLogger("berth.service.models")
-
-# The route that serves each task; a task without a route is not loaded.
-ROUTES: dict[str, str] = {"classification": "/v1/classify", "pair": "/v1/pair", "ner": "/v1/ner", "qa": "/v1/qa",
-                          "embedding": "/v1/embed", "fill-mask": "/v1/fill-mask", "multiple-choice": "/v1/choice"}
-# Tasks whose outputs are trimmed per item to its tokens (embedding is not: its sentence vector is (H,)).
-PER_TOKEN_TASKS = ("ner", "qa", "fill-mask")
-
 
 class RepositoryError(RuntimeError):
     """The model repository cannot be served as configured (no bundles, a named one missing, a bad bundle)."""
@@ -73,7 +68,7 @@ class OnnxEngine:
         self.session, self.provider = create_session(model_bytes, bundle.precision, intra_op_threads, prefer_gpu,
                                                      allow_spinning=allow_spinning)
         self.input_names = [node.name for node in self.session.get_inputs()]
-        self.output_names = list(OUTPUT_NAMES[bundle.task])
+        self.output_names = list(definition(bundle.task).output_names)
         self.io_binding = self.provider == CUDA
 
     def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -108,6 +103,10 @@ class ServedModel:
         return self.spec.task
 
     @property
+    def definition(self) -> TaskDefinition:
+        return self.spec.definition
+
+    @property
     def provider(self) -> str:
         return self.engine.provider if self.engine else "none"
 
@@ -115,14 +114,15 @@ class ServedModel:
         return {
             "name": self.name,
             "task": self.task,
-            "route": ROUTES[self.task],
+            "route": self.definition.route,
             "labels": self.spec.labels,
             "problem_type": self.spec.problem_type,
             "max_seq_length": self.spec.max_seq_length,
             "precision": self.bundle.precision,
             "execution_provider": self.provider,
             "length_buckets": self.batcher.policy.buckets if self.batcher else [],
-            "version_2_with_negative": self.spec.version_2_with_negative if self.task == "qa" else None,
+            "version_2_with_negative": (self.spec.version_2_with_negative
+                                        if "handle_impossible" in self.definition.options.model_fields else None),
             "ready": self.ready,
             "examples": self.bundle.examples,
             "below_quality_floor": self.below_quality_floor,
@@ -151,7 +151,7 @@ def discover(settings: ServiceSettings) -> list[Bundle]:
             bundle = load_bundle(folder, verify_hashes=True)
         except BundleError as error:
             raise RepositoryError(f"bundle {folder.name}: {error}") from error
-        if bundle.task not in ROUTES:
+        if definition(bundle.task).route is None:
             log.warning("bundle %s: task %s has no route in this service; not served", folder.name, bundle.task)
             continue
         bundles.append(bundle)
@@ -203,7 +203,7 @@ def load_model(bundle: Bundle, settings: ServiceSettings, metrics: Metrics, intr
     if spec.max_seq_length > settings.max_batch_tokens:
         raise RepositoryError(f"bundle {name}: max_seq_length {spec.max_seq_length} exceeds max_batch_tokens "
                               f"{settings.max_batch_tokens}; a full-length input could never run")
-    batcher = Batcher(name, engine, policy, metrics, per_token=spec.task in PER_TOKEN_TASKS,
+    batcher = Batcher(name, engine, policy, metrics, per_token=spec.definition.per_token,
                       compute_slots=compute_slots)
     model = ServedModel(name, bundle, spec, load_bundle_tokenizer(bundle), engine, batcher)
     metrics.register_model(name, spec.task, bundle.precision, engine.provider)
@@ -269,7 +269,7 @@ def resolve_model(bundles: dict[str, Bundle], models: dict[str, ServedModel], na
         raise ServiceError(ErrorType.NOT_FOUND, f"unknown model {_shorten(name)!r}; served models: {_listing(bundles)}")
     if bundle.task != task:
         raise ServiceError(ErrorType.VALIDATION, f"model {name!r} is a {bundle.task} model; "
-                           f"use POST {ROUTES[bundle.task]} (this route serves {task} models)")
+                           f"use POST {definition(bundle.task).route} (this route serves {task} models)")
     model = models.get(name)
     if model is None or not model.ready:
         raise ServiceError(ErrorType.OVERLOADED, f"model {name!r} is loading", status=503, retry_after=retry_after)

@@ -21,6 +21,7 @@ from service.schemas import (
     ClassifyRequest,
     ClassifyResponse,
     EmbeddingsRequest,
+    EmbeddingsResponse,
     EmbedRequest,
     EmbedResponse,
     FillMaskRequest,
@@ -94,7 +95,7 @@ embed.__doc__ = ("`{embedding, truncated}` per input (pooled as the model was tr
                  "`layers` concatenated. " + OFFSETS_NOTE)
 
 
-@v1.post("/embeddings", summary="OpenAI-compatible embeddings")
+@v1.post("/embeddings", response_model=EmbeddingsResponse, summary="OpenAI-compatible embeddings")
 async def openai_embeddings(body: EmbeddingsRequest, request: Request, runtime: RuntimeDep) -> Response:
     """OpenAI's shape: `{object: list, data: [{object: embedding, index, embedding}], model, usage}`; unit
     vectors; `encoding_format` float or base64 (little-endian float32). Errors keep berth's shape."""

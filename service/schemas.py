@@ -12,6 +12,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tasks.classification import ClassifyOptions
+from tasks.embedding import EmbedOptions
+from tasks.fill_mask import FillMaskOptions
+from tasks.multiple_choice import ChoiceOptions
+from tasks.ner import NEROptions
+from tasks.qa import QAOptions
+
 OFFSETS_NOTE = ("Offsets are Python str indices (code points) into the caller's original string, end exclusive: "
                 "text[start:end] is the span's text.")
 
@@ -23,11 +30,8 @@ class _Request(BaseModel):
                                                 "this route's task, by name")
 
 
-class ClassifyRequest(_Request):
+class ClassifyRequest(ClassifyOptions, _Request):
     inputs: str | list[str] = Field(description="a text or a list of texts")
-    top_k: int | None = Field(None, ge=1, le=1000, description="return the k best labels, ranked, per input")
-    truncate: bool = Field(True, description="cut inputs longer than the model's max_seq_length (the result says "
-                                             "\"truncated\": true); false: such an input is refused with 413")
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"inputs": "A charming and often affecting journey."},
@@ -42,24 +46,17 @@ class TextPair(BaseModel):
     text_pair: str
 
 
-class PairRequest(_Request):
+class PairRequest(ClassifyOptions, _Request):
     inputs: TextPair | list[TextPair] = Field(description="a {text, text_pair} object or a list of them")
-    top_k: int | None = Field(None, ge=1, le=1000, description="return the k best labels, ranked, per input")
-    truncate: bool = Field(True, description="cut pairs longer than max_seq_length (longest text first); "
-                                             "false: refuse them with 413")
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"inputs": {"text": "The cat sat on the mat.", "text_pair": "A cat was sitting on a mat."}},
     ]})
 
 
-class NERRequest(_Request):
+class NERRequest(NEROptions, _Request):
     inputs: str | list[str] = Field(description="a text or a list of texts, of any length up to the character "
                                                 "limit: long texts are read in overlapping windows")
-    aggregation: Literal["simple", "first", "average", "max", "none"] = Field(
-        "simple", description="how tokens become entities (as transformers' TokenClassificationPipeline); "
-                              "none: one result per token with its raw tag")
-
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"inputs": "Peter Blackburn met officials of the World Health Organization in Geneva."},
     ]})
@@ -72,39 +69,21 @@ class QAInput(BaseModel):
     context: str
 
 
-class QARequest(_Request):
+class QARequest(QAOptions, _Request):
     inputs: QAInput | list[QAInput] = Field(description="a {question, context} object or a list of them; "
-                                                        "long contexts are read in doc-stride windows")
-    top_k: int = Field(1, ge=1, le=20, description="answers per question; above 1 each result is a ranked list")
-    max_answer_length: int = Field(30, ge=1, le=512, description="longest answer, in tokens; at most the "
-                                                                  "server's max_answer_length_cap (default 64)")
-    handle_impossible: bool | None = Field(
-        None, description="allow the empty answer (is_impossible); default: whether the model was trained on "
-                          "SQuAD v2.0")
-
+                                                        "long contexts are read in overlapping windows")
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"inputs": {"question": "Where is Normandy?",
                     "context": "The Normans gave their name to Normandy, a region in France."}},
     ]})
 
 
-class _TruncatingRequest(_Request):
-    truncate: bool = Field(True, description="cut texts (or text pairs, the longer first) longer than the model's "
-                                             "max_seq_length, and say \"truncated\": true; false: refuse them with 413")
+class _TruncatingRequest(ChoiceOptions, _Request):
+    """A request whose only option is `truncate`."""
 
 
-class EmbedRequest(_TruncatingRequest):
+class EmbedRequest(EmbedOptions, _Request):
     inputs: str | list[str] = Field(description="a text or a list of texts")
-    normalize: bool | None = Field(None, description="L2-normalize sentence vectors; default: as the source model "
-                                                     "does (sentence-transformers' Normalize module; true for the "
-                                                     "default embeddings model)")
-    output: Literal["sentence", "tokens"] = Field(
-        "sentence", description="sentence: one pooled vector per input; tokens: a vector per token with its "
-                                "character offsets (the feature-based use)")
-    layers: list[int] = Field([-1], min_length=1, max_length=13,
-                              description="tokens output: hidden layers to concatenate, e.g. [-1, -2, -3, -4] (the "
-                                          "paper's best feature-based setting); 0 is the embedding layer")
-
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"inputs": ["A man is playing a guitar.", "Someone plays an instrument."]},
         {"inputs": "Tim Cook visited Berlin.", "output": "tokens", "layers": [-1, -2, -3, -4]},
@@ -148,10 +127,8 @@ class SimilarityRequest(_TruncatingRequest):
     ]})
 
 
-class FillMaskRequest(_Request):
+class FillMaskRequest(FillMaskOptions, _Request):
     inputs: str | list[str] = Field(description="a text or a list of texts, each with at least one [MASK]")
-    top_k: int = Field(5, ge=1, le=100, description="candidate tokens per [MASK]")
-
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"inputs": "Paris is the [MASK] of France.", "top_k": 3},
     ]})
@@ -164,7 +141,7 @@ class ChoiceInput(BaseModel):
     choices: list[str] = Field(description="2 to 64 candidate continuations or answers")
 
 
-class ChoiceRequest(_TruncatingRequest):
+class ChoiceRequest(ChoiceOptions, _Request):
     inputs: ChoiceInput | list[ChoiceInput] = Field(description="a {context, choices} object or a list of them")
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
@@ -173,56 +150,62 @@ class ChoiceRequest(_TruncatingRequest):
     ]})
 
 
-class Embedding(BaseModel):
+class _Result(BaseModel):
+    """A result as sent: a field the handlers add but the schema does not declare fails the response check."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Embedding(_Result):
     embedding: list[float] | None = Field(None, description="sentence output: the pooled vector")
     tokens: list[dict[str, Any]] | None = Field(None, description="tokens output: {token, start, end, embedding} per "
                                                                   "text token. " + OFFSETS_NOTE)
     truncated: bool = False
 
 
-class EmbedResponse(BaseModel):
+class EmbedResponse(_Result):
     model: str
     results: list[Embedding]
 
 
-class SimilarityResponse(BaseModel):
+class SimilarityResponse(_Result):
     model: str
     results: list[list[float]] = Field(description="per input: the cosine of source with each target, in order")
 
 
-class FilledToken(BaseModel):
+class FilledToken(_Result):
     score: float
     token: int
     token_str: str
     sequence: str = Field(description="the text with this token in place of the [MASK]")
 
 
-class FillMaskResponse(BaseModel):
+class FillMaskResponse(_Result):
     model: str
     results: list[list[FilledToken] | list[list[FilledToken]]] = Field(
         description="per input: the top_k candidates (one [MASK]) or a list of them per [MASK], as transformers' "
                     "fill-mask pipeline")
 
 
-class RankedChoice(BaseModel):
+class RankedChoice(_Result):
     index: int = Field(description="position of the choice in the request")
     choice: str
     score: float = Field(description="softmax probability over this input's choices")
     truncated: bool = False
 
 
-class ChoiceResponse(BaseModel):
+class ChoiceResponse(_Result):
     model: str
     results: list[list[RankedChoice]] = Field(description="per input: its choices, most probable first")
 
 
-class Label(BaseModel):
+class Label(_Result):
     label: str | None = None
     score: float
     truncated: bool = False
 
 
-class Entity(BaseModel):
+class Entity(_Result):
     entity: str = Field(description="entity type (the raw tag with aggregation none)")
     text: str
     start: int = Field(description=OFFSETS_NOTE)
@@ -230,7 +213,7 @@ class Entity(BaseModel):
     score: float
 
 
-class Answer(BaseModel):
+class Answer(_Result):
     answer: str
     start: int = Field(description=OFFSETS_NOTE)
     end: int
@@ -238,21 +221,42 @@ class Answer(BaseModel):
     is_impossible: bool
 
 
-class ClassifyResponse(BaseModel):
+class ClassifyResponse(_Result):
     model: str
     results: list[Label | list[Label]] = Field(
         description="per input: {label, score, truncated}; with top_k a ranked list; regression: {score}")
 
 
-class NERResponse(BaseModel):
+class NERResponse(_Result):
     model: str
     results: list[list[Entity]] = Field(description="per input: its entities in text order. " + OFFSETS_NOTE)
 
 
-class QAResponse(BaseModel):
+class QAResponse(_Result):
     model: str
     results: list[Answer | list[Answer]] = Field(description="per input: the best answer; with top_k > 1 a ranked "
                                                              "list. " + OFFSETS_NOTE)
+
+
+class OpenAIEmbedding(_Result):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str = Field(description="the unit vector, or with encoding_format base64 its "
+                                                     "little-endian float32 bytes")
+
+
+class Usage(_Result):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingsResponse(_Result):
+    """OpenAI's embeddings response."""
+
+    object: Literal["list"]
+    data: list[OpenAIEmbedding]
+    model: str
+    usage: Usage
 
 
 class ErrorBody(BaseModel):

@@ -15,9 +15,10 @@ from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from tasks.spec import OUTPUT_NAMES, Task, TaskSpec
+from tasks.registry import definition
+from tasks.spec import Task, TaskSpec
 
 FORMAT_VERSION = 1
 MANIFEST_FILE = "bundle.json"
@@ -31,14 +32,6 @@ TASK_SETTING_NAMES = (
     "version_2_with_negative",
     "null_score_diff_threshold",
 )
-# One example input of these tasks is an object with these text fields (their routes' `inputs`); of every
-# other task, a text. multiple-choice's `choices` is a list of texts.
-EXAMPLE_FIELDS: dict[str, tuple[str, ...]] = {
-    "pair": ("text", "text_pair"),
-    "qa": ("question", "context"),
-    "multiple-choice": ("context", "choices"),
-}
-
 Precision = Literal["fp32", "fp16", "int8"]
 
 # Where each precision may run. int8 dynamic quantization (MatMulInteger / DynamicQuantizeLinear)
@@ -95,6 +88,15 @@ class Bundle(BaseModel):
     berth_version: str = ""
     created_at: str = ""
     path: Path = Field(default=Path("."), exclude=True)
+
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, task: str) -> str:
+        try:
+            definition(task)
+        except KeyError as error:
+            raise ValueError(error.args[0]) from None
+        return task
 
     @property
     def model_path(self) -> Path:
@@ -218,13 +220,13 @@ def check_file_name(name: str, manifest_path: Path) -> None:
 
 
 def _check_consistency(bundle: Bundle, manifest_path: Path) -> None:
-    expected_outputs = list(OUTPUT_NAMES[bundle.task])
+    task = definition(bundle.task)
+    expected_outputs = list(task.output_names)
     if bundle.output_names != expected_outputs:
         raise BundleError(
             f"{manifest_path}: task {bundle.task!r} expects outputs {expected_outputs}, manifest lists {bundle.output_names}"
         )
-    needs_labels = bundle.task == "ner" or (bundle.task in ("classification", "pair") and bundle.problem_type != "regression")
-    if needs_labels and not bundle.labels:
+    if task.needs_labels(bundle.problem_type) and not bundle.labels:
         raise BundleError(f"{manifest_path}: task {bundle.task!r} needs labels (problem_type {bundle.problem_type!r})")
     try:
         check_examples(bundle.task, bundle.examples)
@@ -236,7 +238,7 @@ def check_examples(task: str, examples: list[Any]) -> None:
     """Raise BundleError unless every example is one valid `inputs` value of the task's route."""
     if not isinstance(examples, list):
         raise BundleError(f"examples must be a list, found {type(examples).__name__}")
-    fields = EXAMPLE_FIELDS.get(task)
+    fields = definition(task).input_fields or None
     for index, example in enumerate(examples):
         where = f"examples[{index}] ({task})"
         if fields is None:
@@ -267,8 +269,10 @@ def find_bundles(repository: str | Path) -> list[Path]:
 
 
 def _berth_version() -> str:
+    """The installed distribution's version (the task layer does not import the berth package)."""
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
-        from berth import __version__
-    except ImportError:  # the task layer used without the berth package
+        return version("berth")
+    except PackageNotFoundError:  # run from a source tree that is not installed
         return "unknown"
-    return __version__

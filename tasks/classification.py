@@ -9,11 +9,15 @@ over the batch. Three problem types, named as in Hugging Face configs:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
+from pydantic import BaseModel, Field
 from tokenizers import Tokenizer
 
+from tasks.definition import Prepared, TaskDefinition, margin
 from tasks.tokenizer import EncodedInput, encode
 
 SINGLE_LABEL = "single_label_classification"
@@ -174,3 +178,125 @@ def decode_classification(
     keep = len(names) if top_k is None else min(top_k, len(names))
     ranked = np.argsort(-scores, axis=1, kind="stable")[:, :keep]
     return [[{"label": names[j], "score": float(scores[i, j])} for j in row] for i, row in enumerate(ranked)]
+
+
+# -- the task definitions ------------------------------------------------------------------------------
+
+# Used by the parity gate when neither ../shared/data nor the shipped samples are there (an installed wheel).
+BUILTIN_SENTENCES = [
+    "The film is a charming and often affecting journey.",
+    "Unflinchingly bleak and desperate.",
+    "It's slow -- very, very slow.",
+    "A sometimes tedious film, but the acting, costumes, music and cinematography are all astounding.",
+    "Emma is a novel by Jane Austen, first published in December 1815.",
+    "The European Commission said on Thursday it disagreed with German advice to consumers to shun British lamb.",
+    "Peter Blackburn met officials of the World Health Organization in Geneva on Monday.",
+    "Who wrote the theory of relativity, and when was it published?",
+]
+
+
+class ClassifyOptions(BaseModel):
+    top_k: int | None = Field(None, ge=1, le=1000, description="return the k best labels, ranked, per input")
+    truncate: bool = Field(True, description="cut inputs longer than the model's max_seq_length (the result says "
+                                             "\"truncated\": true); false: such an input is refused with 413")
+
+
+def read_sentences(path: Path | None, size: int) -> list[str]:
+    """The first `size` texts of an SST-2 TSV or a text table; the built-in sentences without a file."""
+    from tasks import readers
+
+    if path is None:
+        return BUILTIN_SENTENCES[:size]
+    examples = readers.read_sst2(path) if path.suffix == ".tsv" else readers.read_table(path)
+    return [e.text for e in examples[:size]]
+
+
+class ClassificationTask(TaskDefinition):
+    """One text -> a label and its probability (or a regression score); accuracy / F1 / Pearson."""
+
+    name = "classification"
+    head_class = "BertForSequenceClassification"
+    output_names = ("logits",)
+    route = "/v1/classify"
+    options = ClassifyOptions
+    metric_examples = 1000
+    parity_files = ("sst2/dev.tsv", "topics/dev.jsonl")
+
+    def needs_labels(self, problem_type: str | None) -> bool:
+        return problem_type != REGRESSION
+
+    def _texts(self, raw: Any) -> tuple[str, str | None]:
+        return raw, None
+
+    def prepare(self, tokenizer: Tokenizer, spec: Any, raw: Any, options: Any) -> Prepared:
+        text, text_pair = self._texts(raw)
+        encoded = encode_classification(tokenizer, text, text_pair, max_length=spec.max_seq_length,
+                                        truncate=options.truncate)
+        return Prepared([encoded], truncated=encoded.truncated)
+
+    def decode(self, tokenizer, spec, prepared, outputs, options) -> list[Any]:
+        logits = np.stack([out[0]["logits"] for out in outputs])  # (N, C)
+        results = decode_classification(logits, spec.labels, options.top_k, spec.problem_type)
+        for result, item in zip(results, prepared):
+            for entry in result if isinstance(result, list) else [result]:
+                entry["truncated"] = item.truncated
+        return results
+
+    def served_input(self, example: Any) -> Any:
+        return example.text
+
+    def score(self, spec, examples, results) -> tuple[dict[str, float], dict]:
+        from tasks import cls_metrics
+
+        if spec.problem_type == REGRESSION:
+            return cls_metrics.regression_metrics([r["score"] for r in results], [float(e.label) for e in examples]), {}
+        positive = "1" if sorted(spec.labels) == ["0", "1"] else None
+        return cls_metrics.classification_metrics([r["label"] for r in results], [str(e.label) for e in examples],
+                                                  positive=positive), {}
+
+    def parity_answer(self, tokenizer, spec, prepared, outputs) -> Hashable:
+        logits = outputs[0]["logits"]  # (C,)
+        kind = resolve_problem_type(spec.problem_type, logits.shape[-1])
+        if kind == REGRESSION:
+            return float(logits[0])
+        if kind == MULTI_LABEL:
+            return tuple(bool(x) for x in logits > 0)
+        return int(np.argmax(logits))
+
+    def confidence(self, spec, prepared, outputs) -> float:
+        logits = outputs[0]["logits"]
+        kind = resolve_problem_type(spec.problem_type, logits.shape[-1])
+        if kind == REGRESSION:
+            return 1.0
+        if kind == MULTI_LABEL:  # per label: distance of the sigmoid from 0.5, doubled
+            return float(np.min(np.abs(sigmoid(logits) - 0.5)) * 2)
+        return float(margin(logits))
+
+    def parity_inputs(self, path: Path | None, size: int) -> list[Any]:
+        return read_sentences(path, size)
+
+
+class PairTask(ClassificationTask):
+    """Two texts -> a label (paraphrase, entailment) or a similarity score."""
+
+    name = "pair"
+    route = "/v1/pair"
+    input_fields = ("text", "text_pair")
+    parity_files = ("mrpc/dev.tsv", "stsb/dev.jsonl")
+
+    def _texts(self, raw: Any) -> tuple[str, str | None]:
+        return raw.text, raw.text_pair
+
+    def served_input(self, example: Any) -> Any:
+        return example  # readers.TextExample has text and text_pair, as the route's input
+
+    def parity_inputs(self, path: Path | None, size: int) -> list[Any]:
+        from tasks import readers
+
+        if path is None:
+            return [readers.TextExample(a, b) for a, b in zip(BUILTIN_SENTENCES[0::2], BUILTIN_SENTENCES[1::2])][:size]
+        rows = readers.read_mrpc(path) if path.suffix == ".tsv" else readers.read_table(path, regression=True)
+        return [readers.TextExample(e.text, e.text_pair) for e in rows[:size]]
+
+
+DEFINITIONS = (ClassificationTask(), PairTask())

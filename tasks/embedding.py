@@ -10,12 +10,14 @@ concatenates the last four), and cosine similarity.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+from pydantic import BaseModel, Field
 
+from tasks.definition import Prepared, TaskDefinition
 from tasks.tokenizer import EncodedInput
 
 POOLING_MODES = ("mean", "cls", "max")
@@ -98,3 +100,65 @@ def token_vectors(encoded: EncodedInput, tokens: Sequence[str], hidden_states: n
     return [{"token": tokens[i], "start": start, "end": end, "embedding": features[i].tolist()}
             for i, ((start, end), sequence) in enumerate(zip(encoded.offsets, encoded.sequence_ids))
             if sequence is not None]
+
+
+class EmbedOptions(BaseModel):
+    truncate: bool = Field(True, description="cut texts (or text pairs, the longer first) longer than the model's "
+                                             "max_seq_length, and say \"truncated\": true; false: refuse them with 413")
+    normalize: bool | None = Field(None, description="L2-normalize sentence vectors; default: as the source model "
+                                                     "does (sentence-transformers' Normalize module; true for the "
+                                                     "default embeddings model)")
+    output: Literal["sentence", "tokens"] = Field(
+        "sentence", description="sentence: one pooled vector per input; tokens: a vector per token with its "
+                                "character offsets (the feature-based use)")
+    layers: list[int] = Field([-1], min_length=1, max_length=13,
+                              description="tokens output: hidden layers to concatenate, e.g. [-1, -2, -3, -4] (the "
+                                          "paper's best feature-based setting); 0 is the embedding layer")
+
+
+EMBEDDING_MIN_COSINE = 0.99  # fp16/int8 embeddings agree when their cosine with PyTorch's is at least this
+
+
+class EmbeddingTask(TaskDefinition):
+    """Text -> a pooled sentence vector (or per-token vectors of chosen layers). Served at /v1/embed,
+    /v1/embeddings (OpenAI's shape) and /v1/similarity, whose request adapters live in the service."""
+
+    name = "embedding"
+    head_class = "BertForSentenceEmbedding"
+    output_names = ("sentence_embedding", "hidden_states")  # (B, H) pooled; (B, T, L + 1, H) every layer
+    token_outputs = ("hidden_states",)
+    route = "/v1/embed"
+    options = EmbedOptions
+    agreement = f"sentence embedding cosine with PyTorch's >= {EMBEDDING_MIN_COSINE}"
+    parity_files = ("sst2/dev.tsv", "topics/dev.jsonl")
+
+    def prepare(self, tokenizer, spec, raw: str, options) -> Prepared:
+        from tasks.classification import encode_classification
+
+        encoded = encode_classification(tokenizer, raw, None, max_length=spec.max_seq_length, truncate=options.truncate)
+        return Prepared([encoded], encoded, encoded.truncated)
+
+    def sentence_vectors(self, spec, outputs: Sequence[dict[str, np.ndarray]], normalize: bool | None) -> np.ndarray:
+        vectors = np.stack([out["sentence_embedding"] for out in outputs]).astype(np.float32)  # (N, H)
+        if spec.extra.get("normalize", True) if normalize is None else normalize:
+            vectors = l2_normalize(vectors)
+        return vectors
+
+    def decode(self, tokenizer, spec, prepared, outputs, options) -> list[Any]:
+        if options.output == "tokens":
+            return [{"tokens": token_vectors(p.state, [tokenizer.id_to_token(i) for i in p.state.input_ids],
+                                             out[0]["hidden_states"], options.layers), "truncated": p.truncated}
+                    for p, out in zip(prepared, outputs)]
+        vectors = self.sentence_vectors(spec, [out[0] for out in outputs], options.normalize)
+        return [{"embedding": vector.tolist(), "truncated": p.truncated} for vector, p in zip(vectors, prepared)]
+
+    def parity_answer(self, tokenizer, spec, prepared, outputs) -> Hashable:
+        return tuple(float(x) for x in outputs[0]["sentence_embedding"])
+
+    def parity_inputs(self, path: Path | None, size: int) -> list[Any]:
+        from tasks.classification import read_sentences
+
+        return read_sentences(path, size)
+
+
+DEFINITIONS = (EmbeddingTask(),)

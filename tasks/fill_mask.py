@@ -9,12 +9,17 @@ sequence is decoded without special tokens; with several, the pipeline keeps the
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel, Field
 from tokenizers import Tokenizer
 
 from tasks.classification import softmax
+from tasks.definition import Prepared, TaskDefinition, margin
 from tasks.tokenizer import MASK, PAD, EncodedInput
 
 
@@ -43,3 +48,76 @@ def decode_fill_mask(tokenizer: Tokenizer, encoded: EncodedInput, positions: lis
                         "sequence": tokenizer.decode(ids, skip_special_tokens=single)})
         rows.append(row)
     return rows[0] if single else rows
+
+
+class FillMaskOptions(BaseModel):
+    top_k: int = Field(5, ge=1, le=100, description="candidate tokens per [MASK]")
+
+
+class NoMask(ValueError):
+    """An input without a [MASK] token."""
+
+
+class FillMaskTask(TaskDefinition):
+    """Text with [MASK]s -> the top-k tokens for each, as transformers' fill-mask pipeline."""
+
+    name = "fill-mask"
+    head_class = "BertForMaskedLM"
+    output_names = ("logits",)
+    per_token = True
+    route = "/v1/fill-mask"
+    options = FillMaskOptions
+    parity_examples = 128
+    agreement = "same top-1 token at the [MASK] position"
+    parity_files = ("sst2/dev.tsv", "topics/dev.jsonl")
+
+    def prepare(self, tokenizer, spec, raw: str, options) -> Prepared:
+        """Raises NoMask without a [MASK], InputTooLong above max_seq_length (a masked text is never cut)."""
+        from tasks.classification import InputTooLong
+        from tasks.tokenizer import encode
+
+        encoded = encode(tokenizer, raw, max_length=None)
+        positions = mask_positions(tokenizer, encoded)
+        if not positions:
+            raise NoMask(f"no {MASK} token; put {MASK} where a token should be predicted")
+        if len(encoded) > spec.max_seq_length:
+            raise InputTooLong(len(encoded), spec.max_seq_length)
+        return Prepared([encoded], (encoded, positions))
+
+    def decode(self, tokenizer, spec, prepared, outputs, options) -> list[Any]:
+        return [decode_fill_mask(tokenizer, p.state[0], p.state[1], out[0]["logits"], options.top_k)
+                for p, out in zip(prepared, outputs)]
+
+    def kept_rows(self, prepared: Prepared, name: str, rows: np.ndarray) -> np.ndarray:
+        return rows[prepared.state[1]]  # (M, V): only the [MASK] rows (the vocabulary is large)
+
+    def parity_answer(self, tokenizer, spec, prepared, outputs) -> Hashable:
+        return tuple(int(i) for i in np.argmax(outputs[0]["logits"], axis=-1))
+
+    def confidence(self, spec, prepared, outputs) -> float:  # the least clear [MASK] position
+        return float(margin(outputs[0]["logits"]).min())
+
+    def parity_inputs(self, path: Path | None, size: int) -> list[Any]:
+        """Dev sentences with a middle word-piece masked (never [CLS] or the last [SEP])."""
+        from tasks.classification import read_sentences
+
+        return [MaskedText(text) for text in read_sentences(path, size)]
+
+    def prepare_parity(self, tokenizer, spec, raw: MaskedText) -> Prepared:
+        from tasks.tokenizer import encode
+
+        encoded = encode(tokenizer, raw.text, max_length=spec.max_seq_length)
+        position = max(1, (len(encoded) - 1) // 2)
+        encoded.input_ids = list(encoded.input_ids)
+        encoded.input_ids[position] = tokenizer.token_to_id(MASK)
+        return Prepared([encoded], (encoded, [position]))
+
+
+@dataclass(frozen=True, slots=True)
+class MaskedText:
+    """A parity input: a text whose middle token the gate masks after encoding."""
+
+    text: str
+
+
+DEFINITIONS = (FillMaskTask(),)

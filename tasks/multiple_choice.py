@@ -15,15 +15,17 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel, Field
 from tokenizers import Tokenizer
 
 from tasks.classification import encode_classification, softmax
+from tasks.definition import Prepared, TaskDefinition
 from tasks.tokenizer import EncodedInput
 
 SWAG_ENDINGS = ("ending0", "ending1", "ending2", "ending3")
@@ -92,3 +94,56 @@ def accuracy(predicted: Sequence[int], gold: Sequence[int]) -> float:
     if len(predicted) != len(gold) or not gold:
         raise ValueError(f"{len(predicted)} predictions for {len(gold)} gold labels")
     return sum(int(p == g) for p, g in zip(predicted, gold)) / len(gold)
+
+
+class ChoiceOptions(BaseModel):
+    truncate: bool = Field(True, description="cut texts (or text pairs, the longer first) longer than the model's "
+                                             "max_seq_length, and say \"truncated\": true; false: refuse them with 413")
+
+
+class MultipleChoiceTask(TaskDefinition):
+    """A context and its choices -> the choices ranked (one [CLS] context [SEP] choice [SEP] item each); accuracy."""
+
+    name = "multiple-choice"
+    head_class = "BertForMultipleChoice"
+    output_names = ("logits",)  # (B, 1): one score per choice item
+    route = "/v1/choice"
+    options = ChoiceOptions
+    input_fields = ("context", "choices")
+    parity_files = ("mrpc/dev.tsv", "stsb/dev.jsonl")
+    agreement = "choice score within the regression tolerance"
+
+    def texts(self, raw: Any) -> list[tuple[str, str]]:
+        return [("context", raw.context)] + [(f"choices[{i}]", c) for i, c in enumerate(raw.choices)]
+
+    def prepare(self, tokenizer, spec, raw, options) -> Prepared:
+        items = [encode_classification(tokenizer, raw.context, choice, max_length=spec.max_seq_length,
+                                       truncate=options.truncate) for choice in raw.choices]
+        return Prepared(items, raw, any(item.truncated for item in items))
+
+    def decode(self, tokenizer, spec, prepared, outputs, options) -> list[Any]:
+        results = []
+        for p, out in zip(prepared, outputs):
+            ranked = rank_choices(np.array([o["logits"][0] for o in out], dtype=np.float32), p.state.choices)
+            for entry in ranked:
+                entry["truncated"] = p.items[entry["index"]].truncated
+            results.append(ranked)
+        return results
+
+    def score(self, spec, examples, results) -> tuple[dict[str, float], dict]:
+        return {"accuracy": accuracy([r[0]["index"] for r in results], [ex.label for ex in examples])}, {}
+
+    # The gate compares the score of each (context, choice) item, like a regression output.
+    def prepare_parity(self, tokenizer, spec, raw) -> Prepared:
+        return Prepared([encode_classification(tokenizer, raw.text, raw.text_pair, max_length=spec.max_seq_length)])
+
+    def parity_answer(self, tokenizer, spec, prepared, outputs) -> Hashable:
+        return float(outputs[0]["logits"][0])
+
+    def parity_inputs(self, path: Path | None, size: int) -> list[Any]:
+        from tasks.classification import DEFINITIONS as CLASSIFICATION
+
+        return CLASSIFICATION[1].parity_inputs(path, size)  # sentence pairs
+
+
+DEFINITIONS = (MultipleChoiceTask(),)

@@ -15,13 +15,18 @@ transformers' TokenClassificationPipeline does. Offsets are Python str indices i
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
+from pydantic import BaseModel, Field
 from tokenizers import Tokenizer
 
 from tasks.classification import LabelSet, softmax
+from tasks.definition import Prepared, TaskDefinition, margin
+from tasks.graphemes import extend_end
 from tasks.ner_metrics import OUTSIDE, split_tag
 from tasks.tokenizer import CLS, SEP, EncodedInput, encode
 
@@ -117,19 +122,6 @@ def align_labels(
     seen = encoded.first_tokens >= 0
     out[encoded.first_tokens[seen]] = ids[seen]
     return out.tolist()
-
-
-def decode_word_tags(encoded: WordEncoding, logits: np.ndarray, labels: Sequence[str] | LabelSet) -> list[str]:
-    """The predicted tag of each word: the argmax at its first sub-token; "O" for a word with no
-    token (truncated away, or made only of characters the tokenizer drops)."""
-    names = list(labels)
-    tags = [OUTSIDE] * encoded.num_words
-    seen = np.flatnonzero(encoded.first_tokens >= 0)
-    if len(seen):
-        best = np.asarray(logits)[encoded.first_tokens[seen]].argmax(axis=-1)
-        for word, label_id in zip(seen.tolist(), best.tolist()):
-            tags[word] = names[label_id]
-    return tags
 
 
 # -- serving raw text ------------------------------------------------------------------------------
@@ -313,3 +305,118 @@ def decode_entities(
     label_ids = word_scores.argmax(axis=1)
     unit_scores = word_scores[np.arange(len(word_scores)), label_ids]
     return _group_entities(text, label_ids, unit_scores, starts[first], ends[last], names, ignore_labels)
+
+
+# -- the task definition -------------------------------------------------------------------------------
+
+
+class NEROptions(BaseModel):
+    aggregation: Literal["simple", "first", "average", "max", "none"] = Field(
+        "simple", description="how tokens become entities (as transformers' TokenClassificationPipeline); "
+                              "none: one result per token with its raw tag")
+
+
+def window_overlap(max_seq_length: int, doc_stride: int) -> int:
+    """Tokens shared by consecutive NER windows: the spec's doc_stride (an overlap), capped at half a window."""
+    return max(0, min(doc_stride, (max_seq_length - 2) // 2))
+
+
+def word_spans(words: Sequence[str]) -> tuple[str, list[tuple[int, int]]]:
+    """The words joined by single spaces, and each word's (start, end) in that text."""
+    spans, at = [], 0
+    for word in words:
+        spans.append((at, at + len(word)))
+        at += len(word) + 1
+    return " ".join(words), spans
+
+
+def entities_to_word_tags(entities: Sequence[dict], spans: Sequence[tuple[int, int]]) -> list[str]:
+    """IOB2 word tags from entity character spans (grouped entities, `entity` the type): every word the
+    entity overlaps is in it, its first such word B-, the rest I- (a word already in an earlier
+    entity stays there)."""
+    tags = [OUTSIDE] * len(spans)
+    starts = np.asarray([s for s, _ in spans], dtype=np.int64)
+    ends = np.asarray([e for _, e in spans], dtype=np.int64)
+    for entity in entities:
+        inside = np.flatnonzero((starts < entity["end"]) & (ends > entity["start"]))
+        first = True
+        for word in inside.tolist():
+            if tags[word] == OUTSIDE:
+                tags[word] = f"{'B' if first else 'I'}-{entity['entity']}"
+                first = False
+    return tags
+
+
+class NERTask(TaskDefinition):
+    """A text of any length -> entity spans with character offsets, over overlapping windows; entity F1."""
+
+    name = "ner"
+    head_class = "BertForTokenClassification"
+    output_names = ("logits",)
+    per_token = True
+    route = "/v1/ner"
+    options = NEROptions
+    data_format = "conll"
+    parity_examples = 128
+    metric_examples = 1000
+    agreement = "same entity spans (type, start, end), simple aggregation, per text"
+    parity_files = ("conll2003/iob2/valid.txt", "entities/dev.conll")
+
+    def needs_labels(self, problem_type: str | None) -> bool:
+        return True
+
+    def prepare(self, tokenizer, spec, raw: str, options) -> Prepared:
+        windows = ner_windows(tokenizer, raw, spec.max_seq_length, window_overlap(spec.max_seq_length, spec.doc_stride))
+        return Prepared(windows.items, windows)
+
+    def decode(self, tokenizer, spec, prepared, outputs, options) -> list[Any]:
+        results = []
+        for item, out in zip(prepared, outputs):
+            text = item.state.text
+            entities = decode_entities(text, item.state, [o["logits"] for o in out], spec.labels,
+                                       aggregation=options.aggregation)
+            for entity in entities:
+                end = extend_end(text, entity["end"])
+                if end != entity["end"]:
+                    entity["end"], entity["text"] = end, text[entity["start"]:end]
+            results.append(entities)
+        return results
+
+    def served_input(self, example: Any) -> str:
+        return word_spans(example.tokens)[0]
+
+    def score(self, spec, examples, results) -> tuple[dict[str, float], dict]:
+        from tasks import ner_metrics
+
+        predicted = [entities_to_word_tags(found, word_spans(ex.tokens)[1]) for ex, found in zip(examples, results)]
+        result = ner_metrics.conlleval([ex.tags for ex in examples], predicted)
+        flat = {k: float(v) for k, v in result.items() if isinstance(v, int | float)}
+        for entity_type, figures in result.get("per_type", {}).items():
+            flat[f"{entity_type}_f1"] = float(figures["f1"])
+        return flat, {}
+
+    def headline_metric(self, metrics: dict[str, float]) -> tuple[str, float]:
+        return "f1", 100.0
+
+    def parity_answer(self, tokenizer, spec, prepared, outputs) -> Hashable:
+        entities = self.decode(tokenizer, spec, [prepared], [outputs], NEROptions())[0]
+        return tuple((e["entity"], e["start"], e["end"]) for e in entities)
+
+    def confidence(self, spec, prepared, outputs) -> float:  # the least clear real token of the text
+        return float(min(margin(o["logits"]).min() for o in outputs))
+
+    def parity_inputs(self, path: Path | None, size: int) -> list[Any]:
+        from tasks import readers
+        from tasks.classification import BUILTIN_SENTENCES
+
+        if path is None:
+            return BUILTIN_SENTENCES[:size]
+        sentences = [" ".join(e.tokens) for e in readers.read_conll(path)]
+        # Mostly single sentences, and one long document (several windows) from the sentences after them.
+        texts = sentences[: max(1, size - 1)]
+        if size > 1:
+            texts.append(" ".join(sentences[size : size + 40]))
+        return texts
+
+
+DEFINITIONS = (NERTask(),)

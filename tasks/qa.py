@@ -23,15 +23,18 @@ Character offsets are Python str indices into the caller's original context, end
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
+from pydantic import BaseModel, Field
 from tokenizers import Tokenizer
 
+from tasks.definition import Prepared, TaskDefinition
+from tasks.graphemes import extend_end
 from tasks.tokenizer import CLS, SEP
 
 # ---------------------------------------------------------------------------------------------
@@ -395,3 +398,127 @@ def _best_spans(
             best = dict(sorted(best.items(), key=lambda kv: (-kv[1], kv[0]))[:n_best_size])
     ranked = sorted(best.items(), key=lambda kv: (-kv[1], kv[0]))[:n_best_size]
     return [span for span, _ in ranked], [score for _, score in ranked]
+
+
+# ---------------------------------------------------------------------------------------------
+# The task definition
+
+# Used by the parity gate when neither ../shared/data nor the shipped samples are there.
+BUILTIN_CONTEXT = (
+    "The Normans (Norman: Nourmands; French: Normands; Latin: Normanni) were the people who in the 10th and "
+    "11th centuries gave their name to Normandy, a region in France. They were descended from Norse raiders and "
+    "pirates from Denmark, Iceland and Norway who, under their leader Rollo, agreed to swear fealty to King "
+    "Charles III of West Francia. Through generations of assimilation and mixing with the native Frankish and "
+    "Roman-Gaulish populations, their descendants would gradually merge with the Carolingian-based cultures of "
+    "West Francia. The distinct cultural and ethnic identity of the Normans emerged initially in the first half "
+    "of the 10th century, and it continued to evolve over the succeeding centuries. "
+) * 3
+BUILTIN_QUESTIONS = ["In what country is Normandy located?", "Who was the Norse leader?",
+                     "When were the Normans in Normandy?", "From which countries did the Norse originate?"]
+N_BEST_SIZE = 20  # candidate spans kept per question (at least top_k)
+
+
+class QAOptions(BaseModel):
+    top_k: int = Field(1, ge=1, le=20, description="answers per question; above 1 each result is a ranked list")
+    max_answer_length: int = Field(30, ge=1, le=512, description="longest answer, in tokens; at most the "
+                                                                  "server's max_answer_length_cap (default 64)")
+    handle_impossible: bool | None = Field(
+        None, description="allow the empty answer (is_impossible); default: whether the model was trained on "
+                          "SQuAD v2.0")
+
+
+def shape_answer(context: str, answer: Answer) -> dict[str, Any]:
+    """An answer as served: its end moved past any code point that belongs to its last character."""
+    end = extend_end(context, answer.end) if not answer.is_impossible else answer.end
+    return {"answer": context[answer.start:end] if end != answer.end else answer.answer, "start": answer.start,
+            "end": end, "score": answer.score, "is_impossible": answer.is_impossible}
+
+
+class QATask(TaskDefinition):
+    """A question and a context of any length -> the best answer span over all windows; SQuAD EM/F1."""
+
+    name = "qa"
+    head_class = "BertForQuestionAnswering"
+    output_names = ("start_logits", "end_logits")
+    per_token = True
+    route = "/v1/qa"
+    options = QAOptions
+    input_fields = ("question", "context")
+    data_format = "squad"
+    parity_examples = 100
+    metric_examples = 1000
+    agreement = "same best answer span (start, end, no-answer) over all windows, per question"
+    parity_files = ("squad/v1.1/dev-v1.1.json", "squad/dev.json")
+
+    def prepare(self, tokenizer, spec, raw, options) -> Prepared:
+        windows = make_windows(tokenizer, raw.question, raw.context, spec.max_seq_length, spec.doc_stride,
+                               spec.max_query_length)
+        return Prepared(windows, windows)
+
+    def answers(self, spec, prepared, outputs, options) -> list[list[Answer]]:
+        """The ranked `Answer`s (with their null_score_diff) of each question, before shaping."""
+        handle_impossible = spec.version_2_with_negative if options.handle_impossible is None \
+            else options.handle_impossible
+        return [decode_answers(item.state, [o["start_logits"] for o in out], [o["end_logits"] for o in out],
+                               n_best_size=max(N_BEST_SIZE, options.top_k), max_answer_length=options.max_answer_length,
+                               top_k=options.top_k, handle_impossible=handle_impossible,
+                               null_score_diff_threshold=spec.null_score_diff_threshold)
+                for item, out in zip(prepared, outputs)]
+
+    def decode(self, tokenizer, spec, prepared, outputs, options) -> list[Any]:
+        results = []
+        for item, answers in zip(prepared, self.answers(spec, prepared, outputs, options)):
+            shaped = [shape_answer(item.state[0].context, a) for a in answers]
+            results.append(shaped if options.top_k > 1 else shaped[0])
+        return results
+
+    def evaluate(self, tokenizer, spec, examples, run, options=None) -> tuple[dict[str, float], dict]:
+        """Official SQuAD EM/F1 of the served best answers. A v2 model's no-answer threshold is chosen on
+        these examples (the best span and its null_score_diff are what serving compares with it)."""
+        from tasks import qa_metrics
+
+        options = QAOptions(handle_impossible=False) if options is None else options
+        prepared, outputs = self.run_prepared(tokenizer, spec, examples, run, options)
+        best = [answers[0] for answers in self.answers(spec, prepared, outputs, options)]
+        predictions = {ex.id: shape_answer(ex.context, a)["answer"] for ex, a in zip(examples, best)}
+        if not spec.version_2_with_negative:
+            return qa_metrics.evaluate_squad(examples, predictions), {}
+        na_scores = {ex.id: a.null_score_diff if a.null_score_diff is not None else float("inf")
+                     for ex, a in zip(examples, best)}
+        result = qa_metrics.evaluate_squad(examples, predictions, na_scores=na_scores)
+        threshold = float(result.get("best_f1_thresh", 0.0))
+        # Report exact/f1 at the chosen threshold (what the saved model will do when served).
+        chosen = {qid: ("" if na_scores[qid] > threshold else text) for qid, text in predictions.items()}
+        at_threshold = qa_metrics.evaluate_squad(examples, chosen)
+        result.update({k: v for k, v in at_threshold.items() if k != "best_exact"})
+        return result, {"null_score_diff_threshold": threshold}
+
+    def headline_metric(self, metrics: dict[str, float]) -> tuple[str, float]:
+        return "f1", 1.0  # the SQuAD script reports percent
+
+    def parity_answer(self, tokenizer, spec, prepared, outputs) -> Hashable:
+        best = self.answers(spec, [prepared], [outputs], QAOptions())[0][0]
+        return (best.start, best.end, best.is_impossible)
+
+    def confidence(self, spec, prepared, outputs) -> float:  # the best span over the n-best spans of all windows
+        answers = self.answers(spec, [prepared], [outputs], QAOptions(top_k=2))[0]
+        return answers[0].score - (answers[1].score if len(answers) > 1 else 0.0)
+
+    def parity_inputs(self, path: Path | None, size: int) -> list[Any]:
+        if path is None:
+            return [QAExample(f"builtin-{i}", "", q, BUILTIN_CONTEXT) for i, q in enumerate(BUILTIN_QUESTIONS)][:size]
+        seen: set[str] = set()
+        candidates = []  # one question per paragraph, in file order
+        for example in read_squad(path):
+            if example.context not in seen:
+                seen.add(example.context)
+                candidates.append(example)
+        # A quarter from the longest contexts (several full windows each), the rest in file order.
+        longest = sorted(candidates, key=lambda e: -len(e.context))[: max(1, size // 4)]
+        chosen_ids = {e.id for e in longest}
+        in_order = [e for e in candidates if e.id not in chosen_ids][: size - len(longest)]
+        picked = [e for pair in zip(longest, in_order) for e in pair] + longest[len(in_order):] + in_order[len(longest):]
+        return picked[:size]
+
+
+DEFINITIONS = (QATask(),)

@@ -51,15 +51,6 @@ GLUE_COLUMNS: dict[str, tuple[str, str | None, str, bool]] = {
 }
 
 
-def _tsv_rows(path: str | Path) -> Iterator[tuple[int, list[str]]]:
-    """(line number, fields) of a tab-separated file. No quoting: GLUE text holds bare quotes."""
-    with _open(path) as f:
-        for number, line in enumerate(f, start=1):
-            line = line.rstrip("\r\n")
-            if line:
-                yield number, line.split("\t")
-
-
 def read_glue(path: str | Path, task: str) -> list[TextExample]:
     """A GLUE TSV with a header (train.tsv / dev.tsv of sst2, mrpc, rte, stsb).
 

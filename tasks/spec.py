@@ -8,41 +8,26 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
+
+from tasks.definition import TaskDefinition
+from tasks.registry import definition
 
 TASK_FILE = "berth_task.json"
 
-Task = Literal["classification", "pair", "ner", "qa", "fill-mask", "embedding", "multiple-choice"]
-
-# The model class of training/model.py that each task fine-tunes, and its ONNX output names.
-HEAD_CLASSES: dict[str, str] = {
-    "classification": "BertForSequenceClassification",
-    "pair": "BertForSequenceClassification",
-    "ner": "BertForTokenClassification",
-    "qa": "BertForQuestionAnswering",
-    "fill-mask": "BertForMaskedLM",
-    "embedding": "BertForSentenceEmbedding",
-    "multiple-choice": "BertForMultipleChoice",
-}
-OUTPUT_NAMES: dict[str, tuple[str, ...]] = {
-    "classification": ("logits",),
-    "pair": ("logits",),
-    "ner": ("logits",),
-    "qa": ("start_logits", "end_logits"),
-    "fill-mask": ("logits",),
-    "embedding": ("sentence_embedding", "hidden_states"),  # (B, H) pooled; (B, T, L + 1, H) every layer
-    "multiple-choice": ("logits",),  # (B, 1): one score per [CLS] context [SEP] choice [SEP] sequence
-}
+Task = str  # a name of tasks.registry.DEFINITIONS
 
 
 class TaskSpec(BaseModel):
-    task: Task
+    task: Task = Field(description="the task's name: one of tasks.registry.TASK_NAMES")
     labels: list[str] = Field(default_factory=list, description="label names in id order; empty for qa/fill-mask")
     problem_type: str | None = Field(None, description="regression | single_label_classification | multi_label_classification")
     max_seq_length: int = 128
-    doc_stride: int = 128  # qa: context tokens shared by consecutive windows; ner: window overlap
+    doc_stride: int = Field(128, description="an OVERLAP, not a step (name kept for bundle compatibility): qa: "
+                                             "context tokens shared by consecutive windows; ner: tokens shared "
+                                             "by consecutive windows (at most half a window)")
     max_query_length: int = 64  # qa
     version_2_with_negative: bool = False  # qa: trained with unanswerable questions (SQuAD v2)
     null_score_diff_threshold: float = 0.0  # qa v2: best threshold found on dev
@@ -51,13 +36,23 @@ class TaskSpec(BaseModel):
     extra: dict[str, Any] = Field(default_factory=dict, description="task-specific settings, e.g. embedding "
                                                                      "pooling and normalize")
 
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, task: str) -> str:
+        definition(task)  # KeyError naming the known tasks
+        return task
+
+    @property
+    def definition(self) -> TaskDefinition:
+        return definition(self.task)
+
     @property
     def head_class(self) -> str:
-        return self.extra.get("head_class") or HEAD_CLASSES[self.task]  # e.g. feature-based NER's own head
+        return self.extra.get("head_class") or self.definition.head_class  # e.g. feature-based NER's own head
 
     @property
     def output_names(self) -> tuple[str, ...]:
-        return OUTPUT_NAMES[self.task]
+        return self.definition.output_names
 
     def save(self, folder: str | Path) -> Path:
         path = Path(folder) / TASK_FILE

@@ -1,40 +1,73 @@
-"""`berth evaluate`: score a fine-tuned folder on a data file of its task with the official metrics."""
+"""`berth evaluate`: score a fine-tuned folder or an exported bundle on a data file of its task.
+
+Both go through the task definition's served steps (prepare -> run -> decode, as the service) and
+its official metric on the decoded results; a bundle runs on ONNX Runtime as the service runs it,
+so its figures are the served model's.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+from tasks.bundle import MANIFEST_FILE
 from tasks.spec import TaskSpec
 
 
-def evaluate_folder(
-    folder: str | Path, data: str | Path, data_format: str = "auto", limit: int | None = None,
+def evaluate_model(
+    model_path: str | Path, data: str | Path, data_format: str = "auto", limit: int | None = None,
     out: str | Path | None = None, device: str = "auto",
 ) -> dict[str, float]:
-    import torch
-
+    """Metrics of a `berth finetune` folder (PyTorch) or a bundle folder (ONNX Runtime, fp32/fp16/int8)
+    on the first `limit` examples of `data`."""
     from tasks.tokenizer import load_tokenizer
-    from training import model as models
     from training import task_data
-    from training.checkpoint import load_pretrained
     from training.finetune import FinetuneSettings
 
-    folder = Path(folder)
-    spec = TaskSpec.load(folder)
-    if spec.task == "fill-mask":
-        raise SystemExit(f"{folder}: evaluate scores fine-tuned task heads; use `berth pretrain --eval-only` for MLM")
+    folder = Path(model_path)
+    if (folder / MANIFEST_FILE).is_file():
+        spec, model, tokenizer = _bundle_model(folder)
+    else:
+        spec = TaskSpec.load(folder)
+        model, tokenizer = _torch_model(folder, spec, device), load_tokenizer(folder)
+    if spec.task not in task_data.ADAPTERS:
+        raise SystemExit(f"{folder}: a {spec.task} model has no dev data reader here (fill-mask: use `berth "
+                         "pretrain --eval-only`)")
     settings = FinetuneSettings(task=spec.task, train_file=Path(data), out=folder, data_format=data_format,
                                 regression=spec.problem_type == "regression", max_seq_length=spec.max_seq_length,
                                 doc_stride=spec.doc_stride, max_query_length=spec.max_query_length)
-    model, _ = load_pretrained(getattr(models, spec.head_class), folder)
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    model.to(device)
-    adapter = task_data.adapter_for(settings, load_tokenizer(folder))
+    adapter = task_data.adapter_for(settings, tokenizer)
     examples = adapter.read(Path(data), limit=limit, seed=None)
     metrics, _ = adapter.evaluate(model, examples, spec)
     if out is not None:
         Path(out).write_text(json.dumps({"model": str(folder), "data": str(data), "examples": len(examples),
                                          "metrics": metrics}, indent=2) + "\n", encoding="utf-8")
     return metrics
+
+
+
+
+def _torch_model(folder: Path, spec: TaskSpec, device: str) -> Any:
+    import torch
+
+    from training import model as models
+    from training.checkpoint import load_pretrained
+
+    model, _ = load_pretrained(getattr(models, spec.head_class), folder)
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return model.to(device)
+
+
+def _bundle_model(folder: Path) -> tuple[TaskSpec, Any, Any]:
+    """The bundle's spec, its ONNX Runtime session behind the evaluation's module interface, its tokenizer."""
+    from export.parity import onnx_torch_module
+    from tasks.bundle import load_bundle
+    from tasks.onnx_session import create_session
+    from tasks.tokenizer import load_tokenizer
+
+    bundle = load_bundle(folder, verify_hashes=True)
+    spec = bundle.spec()
+    session, _ = create_session(bundle.model_path, bundle.precision, 0, prefer_gpu=False)
+    return spec, onnx_torch_module(session, spec.output_names), load_tokenizer(bundle.tokenizer_path)

@@ -96,7 +96,7 @@ def run_finetune(settings: FinetuneSettings) -> dict[str, float]:
     model, report = load_pretrained(head, base, **{k: v for k, v in overrides.items() if v is not None})
     log.info("loaded %s from %s: %s", spec.head_class, base, report)
 
-    dataset = adapter.features(train_examples, spec, training=True)
+    dataset = adapter.features(train_examples, spec)
     collate, cache_record = getattr(adapter, "collate", task_data.collate), None
     if settings.feature_based:  # the frozen encoder runs once per sentence, here, not in the training loop
         dataset, cache_record = feature_based.cache_features(model, dataset)

@@ -332,7 +332,7 @@ def load_run_settings(folder: str | Path) -> PretrainSettings:
     return PretrainSettings.model_validate(json.loads(path.read_text(encoding="utf-8"))["settings"])
 
 
-def evaluate_folder(
+def evaluate_pretrained_folder(
     folder: str | Path, eval_text: list[Path] | None = None, corpus: list[Path] | None = None,
     mask_seed: int | None = None, batch_size: int = 64, device: str = "auto",
 ) -> dict[str, float]:

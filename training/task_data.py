@@ -1,8 +1,9 @@
 """The task layer (tasks/) adapted to training: read a data file, build torch features, evaluate.
 
 One adapter per task family. Each reads examples, fixes the TaskSpec (labels and settings saved
-with the model), turns examples into features with the same code the service uses, and scores a
-model on dev examples with the official metrics.
+with the model) and turns examples into training features with the same code the service uses.
+Scoring a model on dev examples is the task definition's: the served prepare -> run -> decode steps,
+then the official metric on the decoded results (so the dev metrics a bundle records are the served model's).
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from tasks import classification, cls_metrics, multiple_choice, ner, ner_metrics, qa, qa_metrics, readers
+from tasks import classification, multiple_choice, ner, qa, readers
 from tasks.batching import pad_batch
+from tasks.definition import ItemOutputs, ItemRunner
+from tasks.registry import definition
 from tasks.spec import TaskSpec
 from training.predict import predict
 
@@ -59,14 +62,32 @@ def _subsample(items: list, limit: int | None, seed: int | None) -> list:
     return [items[i] for i in picked]
 
 
+def torch_item_runner(model: torch.nn.Module) -> ItemRunner:
+    """A PyTorch head as the task definitions' runner: items in, one dict of output rows per item out."""
+    def run(items: Sequence[Any], output_names: Sequence[str], per_token: bool) -> list[ItemOutputs]:
+        out = predict(model, items, output_names, per_token=per_token, device=_device(model))
+        return [{name: out[name][i] for name in output_names} for i in range(len(items))]
+
+    return run
+
+
+class TaskAdapter:
+    """What every adapter shares: evaluation runs the task definition's served steps on the model."""
+
+    tokenizer: Tokenizer
+
+    def evaluate(self, model: torch.nn.Module, examples: Sequence[Any], spec: TaskSpec) -> tuple[dict[str, float], dict]:
+        """Dev metrics of `model` (and spec updates, e.g. the QA v2 threshold), measured on what the service
+        would answer: the task definition's prepare -> run -> decode, then its metric against gold."""
+        return spec.definition.evaluate(self.tokenizer, spec, examples, torch_item_runner(model))
+
+
 def _sniff_format(path: Path, requested: str, task: str) -> str:
     if requested != "auto":
         return requested
     name = path.name.lower()
-    if task == "qa":
-        return "squad"
-    if task == "ner":
-        return "conll"
+    if definition(task).data_format:
+        return definition(task).data_format
     if name.endswith(".tsv"):
         header = path.open(encoding="utf-8-sig").readline().rstrip("\n").split("\t")
         if header[:2] == ["sentence", "label"]:
@@ -78,7 +99,7 @@ def _sniff_format(path: Path, requested: str, task: str) -> str:
     return "table"
 
 
-class ClassificationAdapter:
+class ClassificationAdapter(TaskAdapter):
     """Single texts (classification) and sentence pairs (pair); labels or a regression score."""
 
     def __init__(self, settings, tokenizer: Tokenizer):
@@ -112,7 +133,7 @@ class ClassificationAdapter:
         return classification.encode_classification(self.tokenizer, example.text, example.text_pair,
                                                     max_length=spec.max_seq_length)
 
-    def features(self, examples, spec: TaskSpec, training: bool) -> list[Feature]:
+    def features(self, examples, spec: TaskSpec) -> list[Feature]:
         label_set = None if self.regression else classification.LabelSet(spec.labels)
         out = []
         for ex in examples:
@@ -121,20 +142,7 @@ class ClassificationAdapter:
             out.append(Feature(enc.input_ids, enc.token_type_ids, {"labels": target}))
         return out
 
-    def evaluate(self, model, examples, spec: TaskSpec) -> tuple[dict[str, float], dict]:
-        items = [self._encode(ex, spec) for ex in examples]
-        logits = np.stack(predict(model, items, ["logits"], per_token=False, device=_device(model))["logits"])
-        if self.regression:
-            scores = logits[:, 0].tolist()
-            return cls_metrics.regression_metrics(scores, [float(e.label) for e in examples]), {}
-        decoded = classification.decode_classification(logits, spec.labels, problem_type=spec.problem_type)
-        predicted = [d["label"] for d in decoded]
-        gold = [str(e.label) for e in examples]
-        positive = "1" if sorted(spec.labels) == ["0", "1"] else None
-        return cls_metrics.classification_metrics(predicted, gold, positive=positive), {}
-
-
-class NERAdapter:
+class NERAdapter(TaskAdapter):
     """A tag per word (CoNLL-2003 IOB1/IOB2, WNUT-17); evaluated at entity level as conlleval does."""
 
     def __init__(self, settings, tokenizer: Tokenizer):
@@ -150,7 +158,7 @@ class NERAdapter:
         return TaskSpec(task="ner", labels=labels, max_seq_length=s.effective_max_seq_length(),
                         doc_stride=s.effective_doc_stride())
 
-    def features(self, examples, spec: TaskSpec, training: bool) -> list[Feature]:
+    def features(self, examples, spec: TaskSpec) -> list[Feature]:
         label_set = classification.LabelSet(spec.labels)
         out = []
         for ex in examples:
@@ -160,18 +168,7 @@ class NERAdapter:
             out.append(Feature(words.encoded.input_ids, words.encoded.token_type_ids, {"labels": labels}))
         return out
 
-    def evaluate(self, model, examples, spec: TaskSpec) -> tuple[dict[str, float], dict]:
-        words = [ner.encode_words(self.tokenizer, ex.tokens, max_length=spec.max_seq_length) for ex in examples]
-        logits = predict(model, [w.encoded for w in words], ["logits"], per_token=True, device=_device(model))["logits"]
-        predicted = [ner.decode_word_tags(w, lg, spec.labels) for w, lg in zip(words, logits)]
-        result = ner_metrics.conlleval([ex.tags for ex in examples], predicted)
-        flat = {k: float(v) for k, v in result.items() if isinstance(v, int | float)}
-        for entity_type, figures in result.get("per_type", {}).items():
-            flat[f"{entity_type}_f1"] = float(figures["f1"])
-        return flat, {}
-
-
-class QAAdapter:
+class QAAdapter(TaskAdapter):
     """SQuAD v1.1 / v2.0 spans over doc-stride windows; official EM/F1 (and the v2 best threshold)."""
 
     def __init__(self, settings, tokenizer: Tokenizer):
@@ -194,7 +191,7 @@ class QAAdapter:
         return qa.make_windows(self.tokenizer, ex.question, ex.context, spec.max_seq_length, spec.doc_stride,
                                spec.max_query_length)
 
-    def features(self, examples, spec: TaskSpec, training: bool) -> list[Feature]:
+    def features(self, examples, spec: TaskSpec) -> list[Feature]:
         out = []
         for ex in examples:
             text, start = ex.answers[0] if ex.answers else (None, None)
@@ -205,31 +202,7 @@ class QAAdapter:
                                    {"start_positions": s, "end_positions": e}))
         return out
 
-    def evaluate(self, model, examples, spec: TaskSpec) -> tuple[dict[str, float], dict]:
-        windows = [self._windows(ex, spec) for ex in examples]
-        flat = [w for ws in windows for w in ws]
-        out = predict(model, flat, ["start_logits", "end_logits"], per_token=True, device=_device(model))
-        predictions: dict[str, str] = {}
-        na_scores: dict[str, float] = {}
-        position = 0
-        for ex, ws in zip(examples, windows):
-            span = slice(position, position + len(ws))
-            position += len(ws)
-            best = qa.decode_answers(ws, out["start_logits"][span], out["end_logits"][span])[0]
-            predictions[ex.id] = best.answer
-            na_scores[ex.id] = best.null_score_diff if best.null_score_diff is not None else float("inf")
-        if not spec.version_2_with_negative:
-            return qa_metrics.evaluate_squad(examples, predictions), {}
-        result = qa_metrics.evaluate_squad(examples, predictions, na_scores=na_scores)
-        threshold = float(result.get("best_f1_thresh", 0.0))
-        # Report exact/f1 at the chosen threshold (what the saved model will do when served).
-        chosen = {qid: ("" if na_scores[qid] > threshold else text) for qid, text in predictions.items()}
-        at_threshold = qa_metrics.evaluate_squad(examples, chosen)
-        result.update({k: v for k, v in at_threshold.items() if k != "best_exact"})
-        return result, {"null_score_diff_threshold": threshold}
-
-
-class MultipleChoiceAdapter:
+class MultipleChoiceAdapter(TaskAdapter):
     """SWAG CSV or {context, choices, label} JSON lines; accuracy. Training batches are (B, C, T)."""
 
     def __init__(self, settings, tokenizer: Tokenizer):
@@ -252,7 +225,7 @@ class MultipleChoiceAdapter:
     def _encode(self, example, spec: TaskSpec) -> list:
         return multiple_choice.encode_choices(self.tokenizer, example.context, example.choices, spec.max_seq_length)
 
-    def features(self, examples, spec: TaskSpec, training: bool) -> list[Feature]:
+    def features(self, examples, spec: TaskSpec) -> list[Feature]:
         return [ChoiceFeature(self._encode(ex, spec), {"labels": ex.label}) for ex in examples]
 
     @staticmethod
@@ -261,17 +234,6 @@ class MultipleChoiceAdapter:
         batch = {k: torch.from_numpy(v).view(len(features), -1, v.shape[1]) for k, v in pad_batch(flat).items()}
         batch["labels"] = torch.tensor([f.targets["labels"] for f in features], dtype=torch.long)
         return batch
-
-    def evaluate(self, model, examples, spec: TaskSpec) -> tuple[dict[str, float], dict]:
-        encoded = [self._encode(ex, spec) for ex in examples]
-        flat = [choice for choices in encoded for choice in choices]
-        scores = predict(model, flat, ["logits"], per_token=False, device=_device(model))["logits"]  # (1,) each
-        predicted, at = [], 0
-        for choices in encoded:
-            predicted.append(int(np.argmax([s[0] for s in scores[at : at + len(choices)]])))
-            at += len(choices)
-        return {"accuracy": multiple_choice.accuracy(predicted, [ex.label for ex in examples])}, {}
-
 
 @dataclass
 class ChoiceFeature:

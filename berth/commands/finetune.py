@@ -67,10 +67,10 @@ def run_finetune_command(args: argparse.Namespace) -> int:
 
 
 def run_evaluate_command(args: argparse.Namespace) -> int:
-    from training.evaluate import evaluate_folder
+    from training.evaluate import evaluate_model
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    metrics = evaluate_folder(args.model, args.data, data_format=args.data_format, limit=args.max_eval_examples,
+    metrics = evaluate_model(args.model, args.data, data_format=args.data_format, limit=args.max_eval_examples,
                               out=args.out)
     print(json.dumps(metrics, indent=2))
     return 0

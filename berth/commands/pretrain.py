@@ -106,12 +106,12 @@ def run_command(args: argparse.Namespace) -> int:
     if args.eval_only:
         import torch
 
-        from training.pretrain import evaluate_folder
+        from training.pretrain import evaluate_pretrained_folder
 
         if given.get("num_threads"):
             torch.set_num_threads(given["num_threads"])
         fields = PretrainSettings.model_fields
-        metrics = evaluate_folder(args.out, eval_text=args.eval_text, corpus=given.get("corpus") or None,
+        metrics = evaluate_pretrained_folder(args.out, eval_text=args.eval_text, corpus=given.get("corpus") or None,
                                   mask_seed=given.get("eval_mask_seed", fields["eval_mask_seed"].default),
                                   batch_size=given.get("eval_batch_size", fields["eval_batch_size"].default),
                                   device=given.get("device", fields["device"].default))

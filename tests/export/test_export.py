@@ -23,7 +23,7 @@ from export.bundle_builder import export_bundle  # noqa: E402
 from export.onnx_export import graph_io, load_finetuned  # noqa: E402
 from tasks.bundle import BundleError, file_sha256, load_bundle  # noqa: E402
 from tasks.onnx_session import create_session  # noqa: E402
-from tasks.spec import OUTPUT_NAMES, TaskSpec  # noqa: E402
+from tasks.spec import TaskSpec  # noqa: E402
 from training.checkpoint import load_pretrained, save_pretrained  # noqa: E402
 from training.model import MODEL_CLASSES  # noqa: E402
 
@@ -83,7 +83,7 @@ def test_fp32_export_of_each_head_passes_parity(finetuned, repository, task, opt
     assert bundle.spec().max_seq_length == spec.max_seq_length and bundle.spec().doc_stride == spec.doc_stride
     assert bundle.input_names == ["input_ids", "attention_mask", "token_type_ids"]
     assert all(t.dtype == "int64" and t.shape == ["batch", "sequence"] for t in bundle.inputs)
-    assert bundle.output_names == list(OUTPUT_NAMES[task])
+    assert bundle.output_names == (["start_logits", "end_logits"] if task == "qa" else ["logits"])
     assert all(t.dtype == "float32" and t.shape[0] == "batch" for t in bundle.outputs)
     assert bundle.opset >= 17 and bundle.precision == "fp32"
     assert bundle.execution_providers == ["CUDAExecutionProvider", "CPUExecutionProvider"]
@@ -239,7 +239,7 @@ def test_parity_slices_are_real_and_varied(tokenizer):
     assert all(1 in np.asarray(e.features[0].token_type_ids) for e in pair_examples)
     mask_examples, _ = parity.parity_slice(SPECS["fill-mask"], tokenizer, data_dir, 3)
     mask_id = tokenizer.token_to_id("[MASK]")
-    assert all(e.features[0].input_ids[e.mask_positions[0]] == mask_id for e in mask_examples)
+    assert all(e.features[0].input_ids[e.prepared.state[1][0]] == mask_id for e in mask_examples)
 
 
 def test_cli_writes_example_inputs_and_refuses_bad_ones_before_exporting(finetuned, tmp_path, capsys):

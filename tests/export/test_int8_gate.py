@@ -112,5 +112,5 @@ def test_confidence_is_the_reference_probability_margin(models, tokenizer):
     _, outputs, _ = parity.run_pair(examples, "classification", parity.torch_runner(model, ["logits"]),
                                     parity.torch_runner(model, ["logits"]))
     for example, output in zip(examples, outputs):
-        probs = torch.softmax(torch.tensor(output["logits"][0], dtype=torch.float64), -1).sort().values
+        probs = torch.softmax(torch.tensor(output[0]["logits"], dtype=torch.float64), -1).sort().values
         assert parity.confidence(SPEC, example, output) == pytest.approx(float(probs[-1] - probs[-2]), abs=1e-9)

@@ -79,3 +79,35 @@ def answers(folder: Path, question: str, context: str, top_k: int = 1, max_answe
                 scored[span] = max(scored.get(span, float("-inf")), start[i] + end[j])
     ranked = sorted(scored, key=lambda span: -scored[span])[:top_k]
     return [Answer(context[s:e], s, e) for s, e in ranked]
+
+
+def answer_over_windows(folder: Path, question: str, context: str, max_seq_length: int,
+                        overlap: int, max_answer_length: int = 30) -> tuple[Answer, int]:
+    """The best span over all of transformers' doc-stride windows of a long context (its tokenizer with
+    truncation="only_second" and stride = the overlap, as its old QA pipeline did), each window's spans
+    scored start_logit + end_logit as `answers` does; and the number of windows."""
+    tokenizer, model = _qa_model(folder)
+    encoded = tokenizer(question, context, truncation="only_second", max_length=max_seq_length, stride=overlap,
+                        return_overflowing_tokens=True, return_offsets_mapping=True, padding=True,
+                        return_tensors="pt")
+    offsets = encoded.pop("offset_mapping").tolist()
+    encoded.pop("overflow_to_sample_mapping", None)
+    with torch.no_grad():
+        out = model(**encoded)
+    best, best_score = None, float("-inf")
+    for w in range(len(offsets)):
+        sequence_ids = encoded.sequence_ids(w)
+        start, end = out.start_logits[w].tolist(), out.end_logits[w].tolist()
+        positions = [i for i, s in enumerate(sequence_ids) if s == 1]
+        for i in positions:
+            for j in positions:
+                if i <= j < i + max_answer_length and start[i] + end[j] > best_score:
+                    best_score, best = start[i] + end[j], (offsets[w][i][0], offsets[w][j][1])
+    return Answer(context[best[0]:best[1]], best[0], best[1]), len(offsets)
+
+
+@cache
+def _qa_model(folder: Path):
+    from transformers import AutoModelForQuestionAnswering, AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder)), AutoModelForQuestionAnswering.from_pretrained(str(folder)).eval()

@@ -9,7 +9,6 @@ import pytest
 
 from tests.service.conftest import API_KEY
 
-ERROR_TYPES = {"validation", "not_found", "too_large", "overloaded", "timeout", "unauthorized", "internal"}
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 JSON = {"Content-Type": "application/json"}
 

@@ -10,11 +10,12 @@ from tasks.ner import (
     IGNORE_INDEX,
     align_labels,
     decode_entities,
-    decode_word_tags,
     encode_words,
+    entities_to_word_tags,
     merge_window_logits,
     ner_label_list,
     ner_windows,
+    word_spans,
 )
 from tasks.ner_metrics import conlleval, iob_chunks
 
@@ -78,15 +79,12 @@ def test_label_all_tokens_turns_b_into_i(tokenizer):
         align_labels(encoded, ["B-ORG", "O"])
 
 
-def test_truncated_words_decode_as_outside(tokenizer):
-    words = ["Berlin"] + ["x"] * 20
-    encoded = encode_words(tokenizer, words, max_length=8)
-    assert encoded.encoded.truncated
-    assert (encoded.first_tokens[6:] == -1).all()
-    logits = np.zeros((8, len(CONLL_LABELS)), dtype=np.float32)
-    logits[:, CONLL_LABELS.index("B-LOC")] = 1.0
-    tags = decode_word_tags(encoded, logits, CONLL_LABELS)
-    assert tags == ["B-LOC"] * 6 + ["O"] * 15
+def test_served_entities_become_word_tags_over_the_words_they_cover():
+    text, spans = word_spans(["Peter", "Blackburn", "visited", "New", "York-based", "U.N.", "staff"])
+    assert text == "Peter Blackburn visited New York-based U.N. staff" and spans[1] == (6, 15)
+    entities = [{"entity": "PER", "start": 0, "end": 15}, {"entity": "LOC", "start": 24, "end": 32},  # "New York"
+                {"entity": "ORG", "start": 39, "end": 43}, {"entity": "ORG", "start": 41, "end": 43}]  # "U.N.", "N."
+    assert entities_to_word_tags(entities, spans) == ["B-PER", "I-PER", "O", "B-LOC", "I-LOC", "B-ORG", "O"]
 
 
 def test_word_level_round_trip_on_real_conll_dev(tokenizer, conll_dev):
@@ -97,7 +95,7 @@ def test_word_level_round_trip_on_real_conll_dev(tokenizer, conll_dev):
         encoded = encode_words(tokenizer, example.tokens, max_length=None)
         label_ids = np.array(align_labels(encoded, example.tags, labels=CONLL_LABELS))
         logits = one_hot(label_ids, len(CONLL_LABELS), rng)  # noise on every non-first sub-token
-        predicted.append(decode_word_tags(encoded, logits, CONLL_LABELS))
+        predicted.append([CONLL_LABELS[i] for i in logits[encoded.first_tokens].argmax(axis=-1)])
     assert predicted == [e.tags for e in sentences]
     assert conlleval([e.tags for e in sentences], predicted)["f1"] == 1.0
 

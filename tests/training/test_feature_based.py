@@ -15,7 +15,7 @@ from tasks import ner
 from tasks.spec import TaskSpec
 from tasks.tokenizer import load_tokenizer
 from training.checkpoint import load_pretrained, read_state_dict
-from training.evaluate import evaluate_folder
+from training.evaluate import evaluate_model
 from training.feature_based import cache_features
 from training.model import BertFeatureBasedTokenClassification, PaddingFreeBiLSTM
 from training.predict import predict
@@ -113,7 +113,7 @@ def test_feature_based_ner_trains_a_frozen_encoder_and_exports_a_served_bundle(t
     assert record["train_result"]["final_loss"] < 0.6 * np.log(len(spec.labels))
     assert spec.dev_metrics["f1"] > 0.1  # a head that has not learned answers "O" everywhere: F1 0
 
-    again = evaluate_folder(out, dev)
+    again = evaluate_model(out, dev)
     assert again["f1"] == pytest.approx(spec.dev_metrics["f1"]) and again["n_gold"] == spec.dev_metrics["n_gold"]
 
     bundle = export_bundle(out, tmp_path / "repository" / "feature-ner", precision="fp32", optimize_graph="never",

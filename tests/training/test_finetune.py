@@ -9,7 +9,7 @@ import pytest
 
 from berth.cli import main
 from tasks.spec import TaskSpec
-from training.evaluate import evaluate_folder
+from training.evaluate import evaluate_model
 from training.finetune import FinetuneSettings, run_finetune
 
 SAMPLES = Path(__file__).resolve().parents[2] / "data" / "samples"
@@ -34,7 +34,7 @@ def test_classification_learns_and_saves_a_servable_folder(tmp_path):
         assert (out / name).is_file(), name
     config = json.loads((out / "config.json").read_text())
     assert config["id2label"]["0"] == "arts_media" and config["architectures"] == ["BertForSequenceClassification"]
-    again = evaluate_folder(out, SAMPLES / "topics/dev.jsonl", limit=100)
+    again = evaluate_model(out, SAMPLES / "topics/dev.jsonl", limit=100)
     assert again["accuracy"] == pytest.approx(metrics["accuracy"])
     # The default base was trained with mean pooling: the head uses it, and says so.
     assert spec.pooling == "mean" and config["classifier_pooling"] == "mean"
@@ -103,4 +103,4 @@ def test_multiple_choice_on_swag_csv_saves_a_transformers_folder(tmp_path):
         with torch.no_grad():
             predicted.append(int(hf(**{k: v[None] for k, v in encoded.items()}).logits.argmax()))
     assert metrics["accuracy"] == pytest.approx(multiple_choice.accuracy(predicted, [e.label for e in examples]))
-    assert evaluate_folder(out, swag)["accuracy"] == pytest.approx(metrics["accuracy"])
+    assert evaluate_model(out, swag)["accuracy"] == pytest.approx(metrics["accuracy"])

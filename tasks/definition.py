@@ -1,0 +1,159 @@
+"""What a task is, in one object: the ONE place that knows a task (torch-free).
+
+A `TaskDefinition` says which head fine-tunes it and what its ONNX graph outputs, whether those
+outputs are per token, which HTTP route serves it and with which request options, how one input
+becomes model items (`prepare`: a sequence, or overlapping windows), how the items' outputs become
+results (`decode`), what "the same prediction" means for the parity gate (`parity_answer`,
+`confidence`), and how decoded results are scored against gold (`score`). The service, evaluation,
+fine-tuning and the parity gate all go through it, so what is evaluated is what is served:
+
+    input --prepare--> items --run (any runner)--> per-item outputs --decode--> results --score--> metrics
+
+Each task module (`tasks/ner.py`, `tasks/qa.py`, ...) defines its own and `tasks/registry.py` lists
+them: adding a task is one module here plus its head in `training/model.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+from tokenizers import Tokenizer
+
+if TYPE_CHECKING:
+    from tasks.spec import TaskSpec
+
+ItemOutputs = dict[str, np.ndarray]  # one model item's output rows by output name (per token: trimmed to it)
+# A runner for evaluation: (items, output names, per_token) -> one ItemOutputs per item, in order.
+ItemRunner = Callable[[Sequence[Any], Sequence[str], bool], list[ItemOutputs]]
+
+
+@dataclass(slots=True)
+class Prepared:
+    """One input's model items and what decoding it needs."""
+
+    items: Sequence[Any]
+    state: Any = None
+    truncated: bool = False
+
+
+class NoOptions(BaseModel):
+    """Request options of a task that has none (besides its inputs)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class TaskDefinition:
+    name: ClassVar[str]
+    head_class: ClassVar[str]  # the model class of training/model.py that fine-tunes it
+    output_names: ClassVar[tuple[str, ...]]
+    per_token: ClassVar[bool] = False  # outputs (B, T, ...) trimmed per item to its tokens
+    token_outputs: ClassVar[tuple[str, ...]] = ()  # outputs with a row per token although per_token is False
+    route: ClassVar[str | None] = None  # the /v1 route that serves it; None: not served
+    options: ClassVar[type[BaseModel]] = NoOptions  # the route's request options and their defaults
+    input_fields: ClassVar[tuple[str, ...]] = ()  # one input is an object with these fields; () a text
+    data_format: ClassVar[str | None] = None  # the data file format `--format auto` means; None: sniffed
+    parity_examples: ClassVar[int] = 256  # examples of the parity gate's default dev slice
+    metric_examples: ClassVar[int | None] = None  # dev examples of the parity metric gate; None: no metric
+    agreement: ClassVar[str] = "same predicted label(s)"  # what parity_answer compares, for the report
+
+    def is_token_output(self, name: str) -> bool:
+        """Does output `name` have a row per token (padding rows to leave out of comparisons)?"""
+        return self.per_token or name in self.token_outputs
+
+    def needs_labels(self, problem_type: str | None) -> bool:
+        """Must a bundle of this task list its labels?"""
+        return False
+
+    # -- serving: input -> items -> results ------------------------------------------------------------
+
+    def texts(self, raw: Any) -> list[tuple[str, str]]:
+        """(field name, text) of one input, for the service's limit checks."""
+        if not self.input_fields:
+            return [("text", raw)]
+        return [(name, getattr(raw, name)) for name in self.input_fields]
+
+    def prepare(self, tokenizer: Tokenizer, spec: TaskSpec, raw: Any, options: Any) -> Prepared:
+        raise NotImplementedError(f"{self.name}: no prepare")
+
+    def decode(self, tokenizer: Tokenizer, spec: TaskSpec, prepared: Sequence[Prepared],
+               outputs: Sequence[Sequence[ItemOutputs]], options: Any) -> list[Any]:
+        """One result per input from all the inputs' item outputs (`outputs[i][k]`: input i, item k)."""
+        raise NotImplementedError(f"{self.name}: no decode")
+
+    # -- evaluation: the served steps, then the metric ----------------------------------------------------
+
+    def served_input(self, example: Any) -> Any:
+        """What a client would send for a dev example (its gold stays out)."""
+        return example
+
+    def score(self, spec: TaskSpec, examples: Sequence[Any], results: Sequence[Any]) -> tuple[dict[str, float], dict]:
+        """Metrics of decoded results against the examples' gold, and spec updates (e.g. a chosen threshold)."""
+        raise NotImplementedError(f"{self.name}: no metric")
+
+    def headline_metric(self, metrics: dict[str, float]) -> tuple[str, float]:
+        """The metric the parity gate guards and its scale to points (metrics in fractions: 100)."""
+        return ("pearson" if "pearson" in metrics else "accuracy"), 100.0
+
+    def evaluate(self, tokenizer: Tokenizer, spec: TaskSpec, examples: Sequence[Any], run: ItemRunner,
+                 options: Any = None) -> tuple[dict[str, float], dict]:
+        """Score a model (any runner) on dev examples through exactly the service's prepare -> run -> decode."""
+        options = self.options() if options is None else options
+        results = self.predict(tokenizer, spec, [self.served_input(e) for e in examples], run, options)
+        return self.score(spec, examples, results)
+
+    def predict(self, tokenizer: Tokenizer, spec: TaskSpec, inputs: Sequence[Any], run: ItemRunner,
+                options: Any = None) -> list[Any]:
+        """The service's answers for `inputs` (no HTTP, no batcher): prepare, run every item, decode."""
+        options = self.options() if options is None else options
+        prepared, outputs = self.run_prepared(tokenizer, spec, inputs, run, options)
+        return self.decode(tokenizer, spec, prepared, outputs, options)
+
+    def run_prepared(self, tokenizer: Tokenizer, spec: TaskSpec, inputs: Sequence[Any], run: ItemRunner,
+                     options: Any) -> tuple[list[Prepared], list[list[ItemOutputs]]]:
+        """Prepare every input, run all their items at once, and hand each input its items' outputs."""
+        prepared = [self.prepare(tokenizer, spec, raw, options) for raw in inputs]
+        flat = run([item for p in prepared for item in p.items], self.output_names, self.per_token)
+        outputs, at = [], 0
+        for p in prepared:
+            outputs.append(flat[at : at + len(p.items)])
+            at += len(p.items)
+        return prepared, outputs
+
+    # -- the parity gate: what must not change between PyTorch and ONNX --------------------------------------
+
+    def kept_rows(self, prepared: Prepared, name: str, rows: np.ndarray) -> np.ndarray:
+        """The part of one item's output the parity gate keeps for `parity_answer` (all of it by default)."""
+        return rows
+
+    def parity_answer(self, tokenizer: Tokenizer, spec: TaskSpec, prepared: Prepared,
+                      outputs: Sequence[ItemOutputs]) -> Hashable:
+        """The served answer for one input, reduced to what must not change."""
+        raise NotImplementedError(f"{self.name}: no parity answer")
+
+    def confidence(self, spec: TaskSpec, prepared: Prepared, outputs: Sequence[ItemOutputs]) -> float:
+        """How clearly the reference prefers its answer (top-1 minus runner-up probability); 1.0: always counts."""
+        return 1.0
+
+    # Dev files of the parity slice: under the shared data folder, else the repository's samples.
+    parity_files: ClassVar[tuple[str, str] | None] = None
+
+    def prepare_parity(self, tokenizer: Tokenizer, spec: TaskSpec, raw: Any) -> Prepared:
+        """A parity input's items: as served by default."""
+        return self.prepare(tokenizer, spec, raw, self.options())
+
+    def parity_inputs(self, path: Path | None, size: int) -> list[Any]:
+        """`size` real inputs (as `prepare` takes them) from `path`, or built-in ones when it is None."""
+        raise NotImplementedError(f"{self.name}: no parity inputs")
+
+
+def margin(logits: np.ndarray) -> np.ndarray:
+    """Top-1 minus runner-up softmax probability over the last axis: (..., C) -> (...)."""
+    from tasks.classification import softmax
+
+    top = np.sort(softmax(np.asarray(logits, dtype=np.float64)), axis=-1)
+    return top[..., -1] - top[..., -2]
