@@ -17,7 +17,7 @@ from service.models import ServedModel
 from service.schemas import EmbeddingsRequest, SimilarityInput, SimilarityRequest
 from tasks import embedding
 from tasks.classification import InputTooLong
-from tasks.definition import ItemOutputs, Prepared, TaskDefinition
+from tasks.definition import InputFailed, ItemOutputs, Prepared, TaskDefinition
 from tasks.fill_mask import NoMask
 from tasks.registry import DEFINITIONS
 
@@ -43,14 +43,29 @@ class TaskHandler:
     def check_body(self, body: Any, settings: Any) -> None:
         """Request options a setting caps (422 naming it); nothing by default."""
 
-    def prepare(self, model: ServedModel, raw: Any, body: Any, index: int) -> Prepared:
+    def check_input(self, model: ServedModel, raw: Any, body: Any, index: int) -> None:
+        """What the route refuses in one input before it is tokenized (a ServiceError naming it); nothing by default."""
+
+    def prepare(self, model: ServedModel, inputs: list[Any], body: Any) -> list[Prepared]:
+        """Every input's items, the list tokenized at once (one `encode_batch`) where the task can. The error is
+        the first input's, in request order, that the route's checks or the task refuse (as one by one)."""
+        refused = None
+        for index, raw in enumerate(inputs):
+            try:
+                self.check_input(model, raw, body, index)
+            except ServiceError as error:
+                refused, inputs = error, inputs[:index]  # an earlier input's task error still comes first
+                break
+        prepared = self.prepare_checked(model, inputs, body) if inputs else []
+        if refused is not None:
+            raise refused
+        return prepared
+
+    def prepare_checked(self, model: ServedModel, inputs: list[Any], body: Any) -> list[Prepared]:
         try:
-            return self.definition.prepare(model.tokenizer, model.spec, raw, body)
-        except InputTooLong as error:
-            hint = "; send \"truncate\": true to cut it to fit" if hasattr(body, "truncate") else ""
-            raise ServiceError(ErrorType.TOO_LARGE, f"inputs[{index}]: {error}{hint}") from None
-        except NoMask as error:
-            raise ServiceError(ErrorType.VALIDATION, f"inputs[{index}]: {error}") from None
+            return self.definition.prepare_many(model.tokenizer, model.spec, inputs, body)
+        except InputFailed as failed:
+            raise refusal(failed.error, f"inputs[{failed.index}]", body) from None
 
     def finish(self, model: ServedModel, prepared: list[Prepared], outputs: list[Outputs], body: Any) -> list[Any]:
         return self.definition.decode(model.tokenizer, model.spec, prepared, outputs, body)
@@ -64,18 +79,17 @@ class QAHandler(TaskHandler):
 
 
 class ChoiceHandler(TaskHandler):
-    def prepare(self, model: ServedModel, raw: Any, body: Any, index: int) -> Prepared:
+    def check_input(self, model: ServedModel, raw: Any, body: Any, index: int) -> None:
         if len(raw.choices) < 2:
             raise ServiceError(ErrorType.VALIDATION, f"inputs[{index}].choices: {len(raw.choices)} given; a "
                                "multiple-choice input needs at least 2")
         if len(raw.choices) > MAX_CHOICES:
             raise ServiceError(ErrorType.TOO_LARGE, f"inputs[{index}].choices: {len(raw.choices)} given; the limit "
                                f"is {MAX_CHOICES}")
-        return super().prepare(model, raw, body, index)
 
 
 class EmbedHandler(TaskHandler):
-    def prepare(self, model: ServedModel, raw: str, body: Any, index: int) -> Prepared:
+    def check_input(self, model: ServedModel, raw: str, body: Any, index: int) -> None:
         if getattr(body, "output", "sentence") == "tokens":
             if index >= MAX_TOKEN_OUTPUT_INPUTS:
                 raise ServiceError(ErrorType.TOO_LARGE, f"inputs: \"output\": \"tokens\" takes at most "
@@ -87,18 +101,17 @@ class EmbedHandler(TaskHandler):
         elif getattr(body, "layers", [-1]) != [-1]:
             raise ServiceError(ErrorType.VALIDATION, "layers: only with \"output\": \"tokens\" (sentence vectors "
                                "pool the last layer)")
-        return super().prepare(model, raw, body, index)
 
 
 class OpenAIEmbeddingsHandler(EmbedHandler):
     """/v1/embeddings: the same embeddings; `openai_payload` gives the response OpenAI's shape."""
 
-    def prepare(self, model: ServedModel, raw: str, body: EmbeddingsRequest, index: int) -> Prepared:
+    def check_input(self, model: ServedModel, raw: str, body: EmbeddingsRequest, index: int) -> None:
         size = int(model.bundle.encoder_config.get("hidden_size", 0))
         if body.dimensions is not None and body.dimensions != size:
             raise ServiceError(ErrorType.VALIDATION, f"dimensions: {body.dimensions}; model {model.name!r} gives "
                                f"{size}-dimensional embeddings (shortening is not supported)")
-        return super().prepare(model, raw, body, index)
+        super().check_input(model, raw, body, index)
 
     def finish(self, model, prepared, outputs, body: EmbeddingsRequest) -> list[Any]:
         vectors = self.definition.sentence_vectors(model.spec, [out[0] for out in outputs], True)
@@ -108,6 +121,16 @@ class OpenAIEmbeddingsHandler(EmbedHandler):
                      if body.encoding_format == "base64" else vector.tolist())
             results.append({"object": "embedding", "index": index, "embedding": value, "tokens": len(p.state)})
         return results
+
+
+def refusal(error: ValueError, where: str, body: Any) -> ServiceError | ValueError:
+    """The HTTP error for a task's refusal of the input at `where` (other errors stay what they are: a bug)."""
+    if isinstance(error, InputTooLong):
+        hint = "; send \"truncate\": true to cut it to fit" if hasattr(body, "truncate") else ""
+        return ServiceError(ErrorType.TOO_LARGE, f"{where}: {error}{hint}")
+    if isinstance(error, NoMask):
+        return ServiceError(ErrorType.VALIDATION, f"{where}: {error}")
+    return error
 
 
 def openai_payload(model_name: str, results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -122,20 +145,25 @@ class SimilarityHandler(TaskHandler):
     def texts(self, raw: SimilarityInput) -> list[tuple[str, str]]:
         return [("source", raw.source)] + [(f"targets[{i}]", t) for i, t in enumerate(raw.targets)]
 
-    def prepare(self, model: ServedModel, raw: SimilarityInput, body: SimilarityRequest, index: int) -> Prepared:
+    def check_input(self, model: ServedModel, raw: SimilarityInput, body: SimilarityRequest, index: int) -> None:
         if not raw.targets:
             raise ServiceError(ErrorType.VALIDATION, f"inputs[{index}].targets: the list is empty; send at least one")
         if len(raw.targets) > MAX_TARGETS:
             raise ServiceError(ErrorType.TOO_LARGE, f"inputs[{index}].targets: {len(raw.targets)} texts; the limit "
                                f"is {MAX_TARGETS}")
-        items = []
-        for field, text in self.texts(raw):
-            try:
-                items.extend(self.definition.prepare(model.tokenizer, model.spec, text, body).items)
-            except InputTooLong as error:
-                raise ServiceError(ErrorType.TOO_LARGE, f"inputs[{index}].{field}: {error}; send \"truncate\": true "
-                                   "to cut it to fit") from None
-        return Prepared(items)
+
+    def prepare_checked(self, model: ServedModel, inputs: list[SimilarityInput], body: SimilarityRequest) -> list[Prepared]:
+        """Every text of every input (source, then targets) embedded as one list."""
+        fields = [(index, field, text) for index, raw in enumerate(inputs) for field, text in self.texts(raw)]
+        try:
+            texts = self.definition.prepare_many(model.tokenizer, model.spec, [text for _, _, text in fields], body)
+        except InputFailed as failed:
+            index, field, _ = fields[failed.index]
+            raise refusal(failed.error, f"inputs[{index}].{field}", body) from None
+        prepared: list[Prepared] = [Prepared([]) for _ in inputs]
+        for (index, _, _), text in zip(fields, texts):
+            prepared[index].items.extend(text.items)
+        return prepared
 
     def finish(self, model, prepared, outputs, body) -> list[Any]:
         results = []

@@ -169,8 +169,7 @@ async def _compute(model: ServedModel, handler: TaskHandler, inputs: list[Any], 
     begin = time.perf_counter()
     model.batcher.expect(+1)  # the batcher may wait up to max_wait for these items, not longer
     try:
-        prepared = await _maybe_in_thread(pool, lambda: [handler.prepare(model, raw, body, i)
-                                                         for i, raw in enumerate(inputs)])
+        prepared = await _maybe_in_thread(pool, lambda: handler.prepare(model, inputs, body))
         timings.tokenize_s = time.perf_counter() - begin
         check_budget(prepared, settings)
         futures = model.batcher.submit([item for p in prepared for item in p.items], deadline)

@@ -17,8 +17,8 @@ import numpy as np
 from pydantic import BaseModel, Field
 from tokenizers import Tokenizer
 
-from tasks.definition import Prepared, TaskDefinition, margin
-from tasks.tokenizer import EncodedInput, encode
+from tasks.definition import InputFailed, Prepared, TaskDefinition, margin
+from tasks.tokenizer import EncodedInput, encode_many
 
 SINGLE_LABEL = "single_label_classification"
 MULTI_LABEL = "multi_label_classification"
@@ -49,11 +49,28 @@ def encode_classification(
     With `truncate` the longer of the two texts loses tokens first (`truncated` says whether any
     did); without it an input that does not fit raises `InputTooLong` with its token count.
     """
+    try:
+        return encode_classification_many(tokenizer, [text], None if text_pair is None else [text_pair],
+                                          max_length, truncate)[0]
+    except InputFailed as failed:
+        raise failed.error from None
+
+
+def encode_classification_many(
+    tokenizer: Tokenizer,
+    texts: Sequence[str],
+    text_pairs: Sequence[str | None] | None = None,
+    max_length: int = 128,
+    truncate: bool = True,
+) -> list[EncodedInput]:
+    """`encode_classification` of each (text, text pair) with one `encode_batch` call; without `truncate`,
+    `InputFailed(index, InputTooLong)` names the first that does not fit."""
     if truncate:
-        return encode(tokenizer, text, text_pair, max_length=max_length, truncation="longest_first")
-    encoded = encode(tokenizer, text, text_pair, max_length=None)
-    if len(encoded) > max_length:
-        raise InputTooLong(len(encoded), max_length)
+        return encode_many(tokenizer, texts, text_pairs, max_length=max_length, truncation="longest_first")
+    encoded = encode_many(tokenizer, texts, text_pairs, max_length=None)
+    for index, item in enumerate(encoded):
+        if len(item) > max_length:
+            raise InputFailed(index, InputTooLong(len(item), max_length))
     return encoded
 
 
@@ -228,11 +245,11 @@ class ClassificationTask(TaskDefinition):
     def _texts(self, raw: Any) -> tuple[str, str | None]:
         return raw, None
 
-    def prepare(self, tokenizer: Tokenizer, spec: Any, raw: Any, options: Any) -> Prepared:
-        text, text_pair = self._texts(raw)
-        encoded = encode_classification(tokenizer, text, text_pair, max_length=spec.max_seq_length,
-                                        truncate=options.truncate)
-        return Prepared([encoded], truncated=encoded.truncated)
+    def prepare_many(self, tokenizer: Tokenizer, spec: Any, inputs: Sequence[Any], options: Any) -> list[Prepared]:
+        texts = [self._texts(raw) for raw in inputs]
+        encoded = encode_classification_many(tokenizer, [a for a, _ in texts], [b for _, b in texts],
+                                             max_length=spec.max_seq_length, truncate=options.truncate)
+        return [Prepared([item], truncated=item.truncated) for item in encoded]
 
     def decode(self, tokenizer, spec, prepared, outputs, options) -> list[Any]:
         logits = np.stack([out[0]["logits"] for out in outputs])  # (N, C)

@@ -41,6 +41,15 @@ class Prepared:
     truncated: bool = False
 
 
+class InputFailed(ValueError):
+    """Input `index` of a list cannot be prepared; `error` is the task's reason (InputTooLong, NoMask...)."""
+
+    def __init__(self, index: int, error: ValueError):
+        self.index = index
+        self.error = error
+        super().__init__(f"input {index}: {error}")
+
+
 class NoOptions(BaseModel):
     """Request options of a task that has none (besides its inputs)."""
 
@@ -78,7 +87,23 @@ class TaskDefinition:
         return [(name, getattr(raw, name)) for name in self.input_fields]
 
     def prepare(self, tokenizer: Tokenizer, spec: TaskSpec, raw: Any, options: Any) -> Prepared:
-        raise NotImplementedError(f"{self.name}: no prepare")
+        """One input's items: `prepare_many` of a list of one. A task overrides this or `prepare_many`."""
+        try:
+            return self.prepare_many(tokenizer, spec, [raw], options)[0]
+        except InputFailed as failed:
+            raise failed.error from None
+
+    def prepare_many(self, tokenizer: Tokenizer, spec: TaskSpec, inputs: Sequence[Any], options: Any) -> list[Prepared]:
+        """Every input's items, in order: `prepare` of each by default; a task that encodes whole texts
+        overrides it to tokenize the list with one `encode_batch`. Raises `InputFailed` naming the first
+        input that cannot be prepared (too long, no [MASK]...)."""
+        prepared = []
+        for index, raw in enumerate(inputs):
+            try:
+                prepared.append(self.prepare(tokenizer, spec, raw, options))
+            except ValueError as error:
+                raise InputFailed(index, error) from error
+        return prepared
 
     def decode(self, tokenizer: Tokenizer, spec: TaskSpec, prepared: Sequence[Prepared],
                outputs: Sequence[Sequence[ItemOutputs]], options: Any) -> list[Any]:
@@ -116,7 +141,10 @@ class TaskDefinition:
     def run_prepared(self, tokenizer: Tokenizer, spec: TaskSpec, inputs: Sequence[Any], run: ItemRunner,
                      options: Any) -> tuple[list[Prepared], list[list[ItemOutputs]]]:
         """Prepare every input, run all their items at once, and hand each input its items' outputs."""
-        prepared = [self.prepare(tokenizer, spec, raw, options) for raw in inputs]
+        try:
+            prepared = self.prepare_many(tokenizer, spec, inputs, options)
+        except InputFailed as failed:
+            raise failed.error from None
         flat = run([item for p in prepared for item in p.items], self.output_names, self.per_token)
         outputs, at = [], 0
         for p in prepared:

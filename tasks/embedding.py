@@ -132,11 +132,12 @@ class EmbeddingTask(TaskDefinition):
     agreement = f"sentence embedding cosine with PyTorch's >= {EMBEDDING_MIN_COSINE}"
     parity_files = ("sst2/dev.tsv", "topics/dev.jsonl")
 
-    def prepare(self, tokenizer, spec, raw: str, options) -> Prepared:
-        from tasks.classification import encode_classification
+    def prepare_many(self, tokenizer, spec, inputs: Sequence[str], options) -> list[Prepared]:
+        from tasks.classification import encode_classification_many
 
-        encoded = encode_classification(tokenizer, raw, None, max_length=spec.max_seq_length, truncate=options.truncate)
-        return Prepared([encoded], encoded, encoded.truncated)
+        encoded = encode_classification_many(tokenizer, inputs, None, max_length=spec.max_seq_length,
+                                             truncate=options.truncate)
+        return [Prepared([item], item, item.truncated) for item in encoded]
 
     def sentence_vectors(self, spec, outputs: Sequence[dict[str, np.ndarray]], normalize: bool | None) -> np.ndarray:
         vectors = np.stack([out["sentence_embedding"] for out in outputs]).astype(np.float32)  # (N, H)

@@ -9,7 +9,7 @@ sequence is decoded without special tokens; with several, the pipeline keeps the
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 from tokenizers import Tokenizer
 
 from tasks.classification import softmax
-from tasks.definition import Prepared, TaskDefinition, margin
+from tasks.definition import InputFailed, Prepared, TaskDefinition, margin
 from tasks.tokenizer import MASK, PAD, EncodedInput
 
 
@@ -71,18 +71,21 @@ class FillMaskTask(TaskDefinition):
     agreement = "same top-1 token at the [MASK] position"
     parity_files = ("sst2/dev.tsv", "topics/dev.jsonl")
 
-    def prepare(self, tokenizer, spec, raw: str, options) -> Prepared:
-        """Raises NoMask without a [MASK], InputTooLong above max_seq_length (a masked text is never cut)."""
+    def prepare_many(self, tokenizer, spec, inputs: Sequence[str], options) -> list[Prepared]:
+        """InputFailed with NoMask for a text without [MASK], with InputTooLong above max_seq_length (a masked
+        text is never cut), for the first input that has either."""
         from tasks.classification import InputTooLong
-        from tasks.tokenizer import encode
+        from tasks.tokenizer import encode_many
 
-        encoded = encode(tokenizer, raw, max_length=None)
-        positions = mask_positions(tokenizer, encoded)
-        if not positions:
-            raise NoMask(f"no {MASK} token; put {MASK} where a token should be predicted")
-        if len(encoded) > spec.max_seq_length:
-            raise InputTooLong(len(encoded), spec.max_seq_length)
-        return Prepared([encoded], (encoded, positions))
+        prepared = []
+        for index, encoded in enumerate(encode_many(tokenizer, inputs, max_length=None)):
+            positions = mask_positions(tokenizer, encoded)
+            if not positions:
+                raise InputFailed(index, NoMask(f"no {MASK} token; put {MASK} where a token should be predicted"))
+            if len(encoded) > spec.max_seq_length:
+                raise InputFailed(index, InputTooLong(len(encoded), spec.max_seq_length))
+            prepared.append(Prepared([encoded], (encoded, positions)))
+        return prepared
 
     def decode(self, tokenizer, spec, prepared, outputs, options) -> list[Any]:
         return [decode_fill_mask(tokenizer, p.state[0], p.state[1], out[0]["logits"], options.top_k)

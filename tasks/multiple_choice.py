@@ -24,8 +24,8 @@ import numpy as np
 from pydantic import BaseModel, Field
 from tokenizers import Tokenizer
 
-from tasks.classification import encode_classification, softmax
-from tasks.definition import Prepared, TaskDefinition
+from tasks.classification import encode_classification, encode_classification_many, softmax
+from tasks.definition import InputFailed, Prepared, TaskDefinition
 from tasks.tokenizer import EncodedInput
 
 SWAG_ENDINGS = ("ending0", "ending1", "ending2", "ending3")
@@ -80,7 +80,7 @@ def read_choices(path: str | Path) -> list[ChoiceExample]:
 
 def encode_choices(tokenizer: Tokenizer, context: str, choices: Sequence[str], max_length: int) -> list[EncodedInput]:
     """One `[CLS] context [SEP] choice [SEP]` per choice, the longer text truncated first to max_length."""
-    return [encode_classification(tokenizer, context, choice, max_length=max_length) for choice in choices]
+    return encode_classification_many(tokenizer, [context] * len(choices), choices, max_length=max_length)
 
 
 def rank_choices(scores: np.ndarray, choices: Sequence[str]) -> list[dict[str, Any]]:
@@ -116,10 +116,20 @@ class MultipleChoiceTask(TaskDefinition):
     def texts(self, raw: Any) -> list[tuple[str, str]]:
         return [("context", raw.context)] + [(f"choices[{i}]", c) for i, c in enumerate(raw.choices)]
 
-    def prepare(self, tokenizer, spec, raw, options) -> Prepared:
-        items = [encode_classification(tokenizer, raw.context, choice, max_length=spec.max_seq_length,
-                                       truncate=options.truncate) for choice in raw.choices]
-        return Prepared(items, raw, any(item.truncated for item in items))
+    def prepare_many(self, tokenizer, spec, inputs, options) -> list[Prepared]:
+        owners = [index for index, raw in enumerate(inputs) for _ in raw.choices]  # the input of each item
+        try:
+            items = encode_classification_many(tokenizer, [raw.context for raw in inputs for _ in raw.choices],
+                                               [choice for raw in inputs for choice in raw.choices],
+                                               max_length=spec.max_seq_length, truncate=options.truncate)
+        except InputFailed as failed:
+            raise InputFailed(owners[failed.index], failed.error) from None
+        prepared, at = [], 0
+        for raw in inputs:
+            mine = items[at : at + len(raw.choices)]
+            at += len(raw.choices)
+            prepared.append(Prepared(mine, raw, any(item.truncated for item in mine)))
+        return prepared
 
     def decode(self, tokenizer, spec, prepared, outputs, options) -> list[Any]:
         results = []

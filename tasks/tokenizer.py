@@ -7,10 +7,10 @@ character offsets (Python str indices into the caller's text) come for free.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
+from tokenizers import Encoding, Tokenizer, decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import WordPiece
 from tokenizers.trainers import WordPieceTrainer
 
@@ -206,17 +206,42 @@ def encode(
     """Encode a text or a pair as BERT input, truncating to `max_length` tokens by `truncation`.
 
     The tokenizer's own truncation and padding settings are ignored (it is shared across threads).
-    `truncated` is True when any token was dropped.
+    `truncated` is True when any token was dropped. The list path with a list of one (`encode_many`).
     """
-    enc_a = tokenizer.encode(text, add_special_tokens=False)
-    enc_b = tokenizer.encode(text_pair, add_special_tokens=False) if text_pair is not None else None
+    return encode_many(tokenizer, [text], None if text_pair is None else [text_pair], max_length, truncation)[0]
+
+
+def encode_many(
+    tokenizer: Tokenizer,
+    texts: Sequence[str],
+    text_pairs: Sequence[str | None] | None = None,
+    max_length: int | None = 512,
+    truncation: str = "longest_first",
+) -> list[EncodedInput]:
+    """`encode` of each (text, text pair), with ONE `encode_batch` call for all their distinct texts.
+
+    `encode_batch` releases the GIL for the whole list and saves the per-call overhead of encoding the
+    texts one by one; a text that repeats (a multiple-choice context) is tokenized once.
+    """
+    pairs = list(text_pairs) if text_pairs is not None else [None] * len(texts)
+    if len(pairs) != len(texts):
+        raise ValueError(f"{len(texts)} texts but {len(pairs)} text pairs")
+    distinct = list(dict.fromkeys([*texts, *(p for p in pairs if p is not None)]))
+    by_text = dict(zip(distinct, tokenizer.encode_batch(distinct, add_special_tokens=False))) if distinct else {}
+    cls_id, sep_id = tokenizer.token_to_id(CLS), tokenizer.token_to_id(SEP)
+    return [_assemble(by_text[text], None if pair is None else by_text[pair], cls_id, sep_id, max_length, truncation)
+            for text, pair in zip(texts, pairs)]
+
+
+def _assemble(enc_a: Encoding, enc_b: Encoding | None, cls_id: int, sep_id: int, max_length: int | None,
+              truncation: str) -> EncodedInput:
+    """`[CLS] A [SEP] (B [SEP])` from the texts' encodings without special tokens, truncated to max_length."""
     len_a, len_b = len(enc_a.ids), (len(enc_b.ids) if enc_b is not None else 0)
     n_special = 3 if enc_b is not None else 2
     budget = (max_length - n_special) if max_length is not None else len_a + len_b
     if budget < 0:
         raise ValueError(f"max_length={max_length} leaves no room for the special tokens")
     keep_a, keep_b = _truncate_lengths(len_a, len_b, budget, truncation)
-    cls_id, sep_id = tokenizer.token_to_id(CLS), tokenizer.token_to_id(SEP)
 
     ids = [cls_id] + enc_a.ids[:keep_a] + [sep_id]
     types = [0] * (keep_a + 2)
