@@ -246,9 +246,13 @@ class ClassificationTask(TaskDefinition):
         return raw, None
 
     def prepare_many(self, tokenizer: Tokenizer, spec: Any, inputs: Sequence[Any], options: Any) -> list[Prepared]:
-        texts = [self._texts(raw) for raw in inputs]
-        encoded = encode_classification_many(tokenizer, [a for a, _ in texts], [b for _, b in texts],
-                                             max_length=spec.max_seq_length, truncate=options.truncate)
+        if self.input_fields:  # pairs
+            texts = [self._texts(raw) for raw in inputs]
+            firsts, seconds = [a for a, _ in texts], [b for _, b in texts]
+        else:
+            firsts, seconds = inputs, None
+        encoded = encode_classification_many(tokenizer, firsts, seconds, max_length=spec.max_seq_length,
+                                             truncate=options.truncate)
         return [Prepared([item], truncated=item.truncated) for item in encoded]
 
     def decode(self, tokenizer, spec, prepared, outputs, options) -> list[Any]:

@@ -2,7 +2,8 @@
 
 A `TaskDefinition` says which head fine-tunes it and what its ONNX graph outputs, whether those
 outputs are per token, which HTTP route serves it and with which request options, how one input
-becomes model items (`prepare`: a sequence, or overlapping windows), how the items' outputs become
+becomes model items (`prepare`: a sequence, or overlapping windows; `prepare_many` for a list, one
+`encode_batch` for all its texts where the task encodes whole texts), how the items' outputs become
 results (`decode`), what "the same prediction" means for the parity gate (`parity_answer`,
 `confidence`), and how decoded results are scored against gold (`score`). The service, evaluation,
 fine-tuning and the parity gate all go through it, so what is evaluated is what is served:

@@ -223,14 +223,16 @@ def encode_many(
     `encode_batch` releases the GIL for the whole list and saves the per-call overhead of encoding the
     texts one by one; a text that repeats (a multiple-choice context) is tokenized once.
     """
-    pairs = list(text_pairs) if text_pairs is not None else [None] * len(texts)
-    if len(pairs) != len(texts):
-        raise ValueError(f"{len(texts)} texts but {len(pairs)} text pairs")
-    distinct = list(dict.fromkeys([*texts, *(p for p in pairs if p is not None)]))
-    by_text = dict(zip(distinct, tokenizer.encode_batch(distinct, add_special_tokens=False))) if distinct else {}
     cls_id, sep_id = tokenizer.token_to_id(CLS), tokenizer.token_to_id(SEP)
-    return [_assemble(by_text[text], None if pair is None else by_text[pair], cls_id, sep_id, max_length, truncation)
-            for text, pair in zip(texts, pairs)]
+    if text_pairs is None:  # single texts: no bookkeeping (one input is the hot path)
+        encodings = tokenizer.encode_batch(list(texts), add_special_tokens=False) if texts else []
+        return [_assemble(encoding, None, cls_id, sep_id, max_length, truncation) for encoding in encodings]
+    if len(text_pairs) != len(texts):
+        raise ValueError(f"{len(texts)} texts but {len(text_pairs)} text pairs")
+    distinct = list(dict.fromkeys([*texts, *(pair for pair in text_pairs if pair is not None)]))
+    by_text = dict(zip(distinct, tokenizer.encode_batch(distinct, add_special_tokens=False))) if distinct else {}
+    return [_assemble(by_text[text], None if pair is None else by_text[pair], cls_id, sep_id, max_length,
+                      truncation) for text, pair in zip(texts, text_pairs)]
 
 
 def _assemble(enc_a: Encoding, enc_b: Encoding | None, cls_id: int, sep_id: int, max_length: int | None,
