@@ -24,7 +24,7 @@ from typing import Any
 from bench.machine import machine_facts
 from service.batcher import Batcher, BatchPolicy, clip_buckets
 from service.metrics import Metrics
-from service.models import PER_TOKEN_TASKS, OnnxEngine, load_bundle_tokenizer
+from service.models import OnnxEngine, load_bundle_tokenizer
 from tasks import classification
 from tasks.bundle import load_bundle
 
@@ -51,7 +51,7 @@ async def one_round(engine: TimedEngine, bundle: Any, item: Any, pipeline: bool,
     spec = bundle.spec()
     policy = BatchPolicy(buckets=clip_buckets([16, 32, 64, 128, 256, 384, 512], spec.max_seq_length),
                          max_batch_size=max_batch_size, pad_multiple=8, pipeline=pipeline)
-    batcher = Batcher("bench", engine, policy, Metrics(), per_token=spec.task in PER_TOKEN_TASKS)
+    batcher = Batcher("bench", engine, policy, Metrics(), per_token=spec.definition.per_token)
     batcher.start()
     done = 0
     stop = time.monotonic() + seconds
