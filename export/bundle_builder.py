@@ -77,6 +77,8 @@ def export_bundle(
     """
     import torch
 
+    from training.predict import torch_runner
+
     if precision not in PRECISION_PROVIDERS:
         raise ValueError(f"precision must be one of {sorted(PRECISION_PROVIDERS)}, got {precision!r}")
     if threads:
@@ -127,7 +129,7 @@ def export_bundle(
         tokenizer = load_tokenizer(final / TOKENIZER_FILE)
         examples, source = parity.parity_slice(
             spec, tokenizer, data_dir, parity_examples or spec.definition.parity_examples)
-        reference = parity.torch_runner(model, spec.output_names)
+        reference = torch_runner(model, spec.output_names)
         reports = []
         for provider in _providers_to_validate(precision, prefer_gpu):
             session, used = create_session(model_path, precision, threads or 0, prefer_gpu=provider == CUDA)

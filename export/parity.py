@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ from tokenizers import Tokenizer
 
 from tasks.definition import ItemOutputs, Prepared
 from tasks.embedding import EMBEDDING_MIN_COSINE
-from tasks.inference import iter_batches, offline_shape
+from tasks.inference import Runner, iter_batches, offline_shape
 from tasks.registry import definition
 from tasks.spec import TaskSpec
 
@@ -73,9 +73,6 @@ class ParityExample:
         return self.prepared.items
 
 
-Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
-
-
 def default_data_dir() -> Path | None:
     """$BERTH_SHARED_DATA, else ../shared/data beside the repository, if it exists."""
     path = Path(os.environ.get("BERTH_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -102,17 +99,6 @@ def _first_file(data_dir: Path | None, shared: str, sample: str | None) -> Path 
 
 
 # -- running both engines ------------------------------------------------------------------------------
-
-
-def torch_runner(model: Any, output_names: Sequence[str]) -> Runner:
-    import torch
-
-    def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        with torch.inference_mode():
-            out = model(**{name: torch.from_numpy(array) for name, array in feeds.items()})
-        return {name: out[name].float().numpy() for name in output_names}
-
-    return run
 
 
 def onnx_runner(session: Any, output_names: Sequence[str]) -> Runner:

@@ -26,6 +26,7 @@ from tasks.onnx_session import create_session  # noqa: E402
 from tasks.spec import TaskSpec  # noqa: E402
 from training.checkpoint import load_pretrained, save_pretrained  # noqa: E402
 from training.model import MODEL_CLASSES  # noqa: E402
+from training.predict import torch_runner  # noqa: E402
 
 CONLL_LABELS = ["O", "B-LOC", "I-LOC", "B-MISC", "I-MISC", "B-ORG", "I-ORG", "B-PER", "I-PER"]
 SPECS = {
@@ -193,7 +194,7 @@ def test_gate_catches_a_model_that_is_not_the_one_exported(finetuned, repository
     examples, _ = parity.parity_slice(bundle.spec(), tokenizer, parity.default_data_dir(), 4)
     session, provider = create_session(bundle.model_path, "fp32", intra_op_threads=2)
     with pytest.raises(parity.ParityError, match=r"parity FAILED for fp32 .* max_abs_diff <= 0\.0001"):
-        parity.check_parity(bundle.spec(), examples, parity.torch_runner(other, ["logits"]),
+        parity.check_parity(bundle.spec(), examples, torch_runner(other, ["logits"]),
                             parity.onnx_runner(session, ["logits"]), "fp32", provider)
 
 

@@ -24,6 +24,7 @@ from tasks.onnx_session import create_session  # noqa: E402
 from tasks.spec import TaskSpec  # noqa: E402
 from training.checkpoint import load_pretrained, save_pretrained  # noqa: E402
 from training.model import BertForSequenceClassification  # noqa: E402
+from training.predict import torch_runner  # noqa: E402
 
 SST2 = (parity.default_data_dir() or Path("/nonexistent")) / "sst2"
 pytestmark = pytest.mark.skipif(not (SST2 / "dev.tsv").is_file(), reason="needs ../shared/data/sst2")
@@ -109,8 +110,8 @@ def test_metric_gate_scores_gold_answers_and_passes_only_within_half_a_point(mod
 def test_confidence_is_the_reference_probability_margin(models, tokenizer):
     model, _ = models[0]
     examples, _ = parity.parity_slice(SPEC, tokenizer, parity.default_data_dir(), 6)
-    _, outputs, _ = parity.run_pair(examples, "classification", parity.torch_runner(model, ["logits"]),
-                                    parity.torch_runner(model, ["logits"]))
+    _, outputs, _ = parity.run_pair(examples, "classification", torch_runner(model, ["logits"]),
+                                    torch_runner(model, ["logits"]))
     for example, output in zip(examples, outputs):
         probs = torch.softmax(torch.tensor(output[0]["logits"], dtype=torch.float64), -1).sort().values
         assert parity.confidence(SPEC, example, output) == pytest.approx(float(probs[-1] - probs[-2]), abs=1e-9)
