@@ -72,6 +72,22 @@ def this_session(record: dict) -> bool:
     return "provenance" in record
 
 
+def is_sweep(record: dict) -> bool:
+    """A run of the small learning-rate sweep (a training subset): its own table, not a target's run."""
+    return record["_name"].startswith("sweep-")
+
+
+def sweep_table(records: list[dict]) -> str:
+    lines = ["| task | training examples | epochs | sequence length | learning rate | dev metrics (all dev examples) | "
+             "train min | record |", "|---|---:|---:|---:|---:|---|---:|---|"]
+    for r in sorted(filter(is_sweep, records), key=lambda r: (r["_task"], r["settings"]["learning_rate"])):
+        s = r["settings"]
+        lines.append(f"| {r['_task']} | {r['train_examples']:,} | {r['train_result']['epochs']:.2f} | "
+                     f"{s['max_seq_length']} | {s['learning_rate']:g} | {headline(r)} | {r['train_minutes']:.1f} | "
+                     f"`{r['_name']}` |")
+    return "\n".join(lines) if len(lines) > 2 else "(no sweep records: bench/results/finetune/sweep-*.json)"
+
+
 def headline(record: dict) -> str:
     m, task = record["dev_metrics"], record["_task"]
     if task.startswith("SQuAD"):
@@ -119,7 +135,7 @@ def runs_table(records: list[dict]) -> str:
 def targets_table(records: list[dict]) -> str:
     lines = ["| task | target (issue 11) | measured this session | met? | what the run was |", "|---|---|---|---|---|"]
     for task, targets in TARGETS.items():
-        runs = [r for r in records if r["_task"] == task and this_session(r)]
+        runs = [r for r in records if r["_task"] == task and this_session(r) and not is_sweep(r)]
         best = max(runs, key=lambda r: r["dev_metrics"].get(targets[0].metric, float("-inf")), default=None)
         for target in targets:
             goal = f"{target.metric} ≥ {target.floor:g}"
@@ -218,7 +234,7 @@ def table7(records: list[dict]) -> str:
 
 
 BLOCKS = {"targets": targets_table, "runs": runs_table, "speed": speed_table, "padding": padding_table,
-          "pooling": pooling_table, "table7": table7}
+          "pooling": pooling_table, "table7": table7, "sweep": sweep_table}
 
 
 def render(text: str, records: list[dict]) -> str:
