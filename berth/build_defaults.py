@@ -101,7 +101,7 @@ SHARED_RECIPES = [
     Recipe("conll03", "ner", "conll2003/iob2/train.txt", "conll2003/iob2/valid.txt",
            {"epochs": 3, "max_minutes": 45, "learning_rate": 1e-4, "max_seq_length": 128}, minutes=20),
     Recipe("squad", "qa", "squad/v1.1/train-v1.1-subset-44articles.json", "squad/v1.1/dev-v1.1.json",
-           {"epochs": 2, "max_minutes": 40, "max_seq_length": 256, "doc_stride": 64, "learning_rate": 1e-4},
+           {"epochs": 2, "max_minutes": 35, "max_seq_length": 256, "doc_stride": 64, "learning_rate": 1e-4},
            minutes=45),
     Recipe("squad20", "qa", "squad-v2-train.json", "squad-v2-eval.json",
            {"epochs": 1, "max_minutes": 15, "max_seq_length": 256, "doc_stride": 64, "learning_rate": 5e-5,
