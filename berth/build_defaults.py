@@ -47,7 +47,7 @@ class BuildDefaultsSettings(BaseModel):
     threads: int | None = Field(None, gt=0, description="CPU threads for training (default: every usable core)")
     minutes_per_model: float | None = Field(
         None, gt=0, description="training budget of every recipe, in minutes: epochs cut to fit, warmup and decay "
-        "kept whole (e.g. 10 to check the --data-dir recipes quickly)")
+        "kept whole (e.g. 10 to check the --data-dir recipes quickly; a recipe with seeds gets it per seed)")
 
 
 @dataclass(frozen=True)
@@ -282,7 +282,7 @@ def _train_to_floor(recipe: Recipe, data_root: Path, work: Path, threads: int | 
                                 out=model_folder, num_threads=threads, **base, **recipe.options)
     kept_seed = None
     if recipe.seeds:
-        model_folder, metrics, kept_seed = _best_of_seeds(recipe, settings, tag)
+        metrics, kept_seed = _best_of_seeds(recipe, settings, tag)
     else:
         metrics = run_finetune(settings)
     print(f"{tag}: dev {_headline(metrics)}{_against_floor(recipe, metrics)}", flush=True)
@@ -318,9 +318,10 @@ def _data_folder(recipe: Recipe, data_root: Path, work: Path) -> Path:
     return work / f"{recipe.name}-data" if recipe.prepare else data_root
 
 
-def _best_of_seeds(recipe: Recipe, settings, tag: str) -> tuple[Path, dict[str, float], int]:
+def _best_of_seeds(recipe: Recipe, settings, tag: str) -> tuple[dict[str, float], int]:
     """One run per seed into work/<name>-seed<N>; the best on the dev `select` metric is copied to
-    work/<name> (the folder later recipes and the export read), its seed recorded in the record."""
+    `settings.out` (work/<name>, the folder later recipes and the export read). Returns its dev
+    metrics and seed."""
     import shutil
 
     from training.finetune import run_finetune
@@ -335,7 +336,7 @@ def _best_of_seeds(recipe: Recipe, settings, tag: str) -> tuple[Path, dict[str, 
     print(f"{tag}: kept seed {seed} (best dev {recipe.select} of seeds {list(recipe.seeds)})", flush=True)
     shutil.rmtree(settings.out, ignore_errors=True)
     shutil.copytree(folder, settings.out, ignore=shutil.ignore_patterns("train_state"))
-    return settings.out, metrics, seed
+    return metrics, seed
 
 
 def _below_floor(recipe: Recipe, metrics: dict[str, float]) -> bool:
