@@ -122,12 +122,15 @@ def request_inputs(bundle, tokenizer, route: str, body: dict) -> list[Any]:
 
 
 def engine_figures(bundle, items: list[Any], threads: int, batch_sizes: list[int], seconds: float) -> dict[str, Any]:
-    """Batch-1 p50 latency and best requests/s over `batch_sizes` (requests per batch), ORT alone."""
+    """Batch-1 p50 latency and best requests/s over `batch_sizes` (requests per batch), ORT alone: one pass at a
+    time on `threads` threads, and `threads` passes at once on one thread each (two ways to fill the cores;
+    the ceiling is the better one, so the service's share is measured against the stricter of the two)."""
     from tasks.batching import pad_batch
     from tasks.onnx_session import create_session
 
     session, provider = create_session(bundle.model_path, bundle.precision, threads, prefer_gpu=False)
-    rows = []
+    single = create_session(bundle.model_path, bundle.precision, 1, prefer_gpu=False)[0] if threads > 1 else None
+    rows, parallel_rows = [], []
     for batch in batch_sizes:
         feeds = pad_batch(items * batch)
         session.run(None, feeds)
@@ -138,10 +141,41 @@ def engine_figures(bundle, items: list[Any], threads: int, batch_sizes: list[int
             latencies.append(time.perf_counter() - start)
         p50 = float(np.median(latencies))
         rows.append({"batch_requests": batch, "p50_ms": 1000 * p50, "requests_per_s": batch / p50})
+        if single is not None:
+            parallel_rows.append({"batch_requests": batch,
+                                  "requests_per_s": batch * _passes_per_s(single, feeds, threads, seconds)})
     best = max(rows, key=lambda r: r["requests_per_s"])
+    best_parallel = max(parallel_rows, key=lambda r: r["requests_per_s"], default=None)
+    ceiling = max(best["requests_per_s"], best_parallel["requests_per_s"] if best_parallel else 0.0)
     return {"provider": provider, "items_per_request": len(items), "tokens": [len(i) for i in items],
             "batch1_p50_ms": rows[0]["p50_ms"] if rows[0]["batch_requests"] == 1 else None,
-            "best_requests_per_s": best["requests_per_s"], "best_batch": best["batch_requests"], "rows": rows}
+            "one_pass_best_requests_per_s": best["requests_per_s"], "one_pass_best_batch": best["batch_requests"],
+            "parallel_best_requests_per_s": best_parallel["requests_per_s"] if best_parallel else None,
+            "parallel_best_batch": best_parallel["batch_requests"] if best_parallel else None,
+            "best_requests_per_s": ceiling, "best_batch": best["batch_requests"] if ceiling == best["requests_per_s"]
+            else best_parallel["batch_requests"], "rows": rows, "parallel_rows": parallel_rows}
+
+
+def _passes_per_s(session, feeds: dict[str, Any], workers: int, seconds: float) -> float:
+    """Forward passes per second of `workers` threads calling `session.run` on `feeds` at once."""
+    import threading
+
+    session.run(None, feeds)
+    passes = [0] * workers
+    end = time.perf_counter() + seconds
+
+    def loop(worker: int) -> None:
+        while time.perf_counter() < end or passes[worker] < 2:
+            session.run(None, feeds)
+            passes[worker] += 1
+
+    threads = [threading.Thread(target=loop, args=(w,)) for w in range(workers)]
+    begin = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sum(passes) / (time.perf_counter() - begin)
 
 
 # -- 2./3. servers under hey ---------------------------------------------------------------------------------
@@ -295,7 +329,9 @@ def summarize(result: dict[str, Any]) -> list[dict[str, Any]]:
             peer32 = beside.get(32) or beside.get("32")  # (a JSON round trip makes the key a string)
             long = name in LONG_WORKLOADS
             row = {"workload": name, "precision": precision,
-                   "engine_best_rps": engine["best_requests_per_s"], "engine_batch1_p50_ms": engine["batch1_p50_ms"]}
+                   "engine_best_rps": engine["best_requests_per_s"], "engine_batch1_p50_ms": engine["batch1_p50_ms"],
+                   "engine_one_pass_rps": engine.get("one_pass_best_requests_per_s", engine["best_requests_per_s"]),
+                   "engine_parallel_rps": engine.get("parallel_best_requests_per_s")}
             if many:
                 row.update(rps_32=many["requests_per_s"], p50_32=many.get("p50_ms"), p99_32=many.get("p99_ms"),
                            share_of_engine=many["requests_per_s"] / engine["best_requests_per_s"],
@@ -319,12 +355,13 @@ def _f(value: float | None, spec: str = ".1f") -> str:
 
 def report_markdown(result: dict[str, Any]) -> str:
     """The docs table: per workload and precision, the issue's figures beside their targets."""
-    lines = ["| workload | precision | engine best req/s | berth req/s @32 | share (target) | p50 @1 ms (engine b1 + "
+    lines = ["| workload | precision | engine best req/s (one pass / passes in parallel) | berth req/s @32 | share (target) | p50 @1 ms (engine b1 + "
              "overhead) | p99/p50 @32 | naive req/s @32 | × naive (target) | hey CPU share |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for row in result["summary"]:
         lines.append(
-            f"| {row['workload']} | {row['precision']} | {_f(row['engine_best_rps'])} | {_f(row.get('rps_32'))} | "
+            f"| {row['workload']} | {row['precision']} | {_f(row['engine_best_rps'])} "
+            f"({_f(row.get('engine_one_pass_rps'))} / {_f(row.get('engine_parallel_rps'))}) | {_f(row.get('rps_32'))} | "
             f"{_f(100 * row.get('share_of_engine', float('nan')), '.0f')}% (≥{100 * row.get('share_target', 0):.0f}%) | "
             f"{_f(row.get('p50_1'))} ({_f(row['engine_batch1_p50_ms'])} + {_f(row.get('overhead_ms'))}) | "
             f"{_f(row.get('p99_over_p50'), '.2f')} | {_f(row.get('naive_rps_32'))} | "
@@ -434,7 +471,9 @@ def measure_workload(result: dict[str, Any], args: argparse.Namespace, name: str
     figures = engine_figures(bundle, items, args.threads, args.batch_sizes, args.engine_seconds)
     result["engine"].setdefault(name, {})[precision] = figures
     print(f"engine {precision} {name}: batch-1 {figures['batch1_p50_ms']:.2f} ms, best "
-          f"{figures['best_requests_per_s']:.1f} req/s at {figures['best_batch']} requests/batch", flush=True)
+          f"{figures['best_requests_per_s']:.1f} req/s at {figures['best_batch']} requests/batch (one pass "
+          f"{figures['one_pass_best_requests_per_s']:.1f}, passes in parallel "
+          f"{_f(figures['parallel_best_requests_per_s'])})", flush=True)
     for clients in args.concurrency:
         row = hey(port, load["route"], load["body"], clients, args.seconds, proc.pid, args.work)
         result["berth"].setdefault(name, {}).setdefault(precision, []).append(row)

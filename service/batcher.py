@@ -1,4 +1,4 @@
-"""Dynamic batching for one model: a bounded queue of *items* and one worker thread.
+"""Dynamic batching for one model: a bounded queue of *items* and worker threads that run its forward passes.
 
 An item is one model input (a text, a pair, a QA or NER window). A request of 64 texts and 64 requests of one text
 enter the queue alike, as 64 items, and are admitted, batched and refused alike. A *batch* is what one forward
@@ -26,11 +26,16 @@ Its loop, while not STOPPED:
              max_batch_size, and max_batch_tokens). A request of 1,000 windows and a one-sentence request that
              arrives behind it share the next take. Items whose client has gone (future cancelled) or whose
              deadline passed are dropped here, before any compute, and counted by reason.
-    RUNNING  in the model's worker thread, holding one of the process's compute slots: the take's batches, padded
-             in the event loop beforehand (CPU: to the longest item rounded up to `pad_multiple`; CUDA: to its
-             length bucket). A pass that raises is retried by halves down to the item(s) that fail it (ItemFailed).
-             With `pipeline`, items that arrive meanwhile are taken and padded into the next take, which starts
-             the moment the worker is free: one take ahead, never more.
+    RUNNING  in a worker thread, holding units of the process's compute slots (one per ONNX Runtime thread): the
+             take's batches, padded in the event loop beforehand (CPU: to the longest item rounded up to
+             `pad_multiple`; CUDA: to its length bucket). A pass that raises is retried by halves down to the
+             item(s) that fail it (ItemFailed). A *lone* pass (nothing else running or queued, in any model) runs
+             on the wide engine, every thread on it, for latency; when more work is there and a narrow engine is
+             given (CPU), up to `slots // narrow_threads` takes run at once, each on `narrow_threads` threads:
+             independent single-threaded passes keep both cores busy without waiting on each other (measured
+             1.2-1.7x the items/s of one 2-thread pass on 2 cores, docs/SERVICE.md). With `pipeline`, items that
+             arrive while every worker is busy are taken and padded into the next take, which starts the moment
+             a worker is free: one take ahead, never more.
 
 Each item's lifecycle: QUEUED -> DROPPED (cancelled | expired | shutdown) or BATCHED -> done/failed.
 An item too long for the model or for the token budget is refused at admission (ItemTooLarge), so nothing
@@ -53,6 +58,7 @@ from enum import Enum
 
 import numpy as np
 
+from service.cpu import ComputeSlots
 from service.metrics import Metrics
 from tasks.inference import Batch, BatchShape, ModelItem, Runner, pad, plan_batches, run_batch
 
@@ -193,18 +199,24 @@ class _Take:
 
 
 class Batcher:
-    """One model's queue and worker thread. Create it, `start()` it inside the event loop, `submit`
+    """One model's queue and worker threads. Create it, `start()` it inside the event loop, `submit`
     items from request handlers and await their futures, `close()` it on shutdown.
 
-    `compute_slots` is shared by the batchers of one process: a forward pass holds a slot, so the
-    models' ONNX Runtime pools never run more threads at once than the cores allow."""
+    `compute_slots` is shared by the batchers of one process: a pass on `run` holds `threads` units of it,
+    one on `run_narrow` (the same model on fewer ORT threads) `narrow_threads`, so the models' ONNX Runtime
+    pools never run more threads at once than the cores allow. Without `run_narrow`, one pass at a time."""
 
     def __init__(self, model: str, run: Runner, policy: BatchPolicy, metrics: Metrics, per_token: bool,
-                 compute_slots: threading.Semaphore | None = None):
+                 compute_slots: ComputeSlots | None = None, threads: int = 1, run_narrow: Runner | None = None,
+                 narrow_threads: int = 1):
         self.model = model
         self.policy = policy
         self.per_token = per_token
         self._run_model = run
+        self._run_narrow = run_narrow
+        self._slots = compute_slots or ComputeSlots(1)
+        self._threads, self._narrow_threads = threads, narrow_threads
+        self.parallel = max(1, self._slots.units // narrow_threads) if run_narrow is not None else 1
         self._metrics = metrics
         self._requests: deque[_RequestQueue] = deque()  # round-robin order of requests with queued items
         self._depth = 0  # QUEUED items
@@ -213,11 +225,12 @@ class Batcher:
         self._wakeup: asyncio.Event | None = None
         self._loop_ref: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"berth-{model}")
-        self._slots = compute_slots or threading.Semaphore(1)
+        self._executor = ThreadPoolExecutor(max_workers=self.parallel, thread_name_prefix=f"berth-{model}")
         self._throughput = _Throughput()
         self._run_counter = 0
-        self._taken: list[_Take] = []  # taken and not yet answered: the running take and the one prepared ahead
+        self._counter_lock = threading.Lock()
+        self._running: dict[asyncio.Future, _Take] = {}  # launched and not yet answered
+        self._ahead: _Take | None = None  # taken and padded, waiting for a free worker
         self.consecutive_failures = 0
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -266,20 +279,22 @@ class Batcher:
             for item in request.items:
                 self._drop(item, "shutdown")
         self._requests.clear()
-        for take in self._taken:  # one whose pass close() gave up on, or one prepared ahead (never computed)
+        # takes whose passes close() gave up on, and one prepared ahead (never computed)
+        for take in [*self._running.values(), *([self._ahead] if self._ahead else [])]:
             if not take.launched:
                 self._metrics.items_dropped.labels(self.model, "shutdown").inc(len(take.items))
             self._fail(take.items, self._shutting_down())
-        self._taken.clear()
+        self._running.clear()
+        self._ahead = None
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    def run_now(self, items: Sequence[ModelItem]) -> list[dict[str, np.ndarray]]:
+    def run_now(self, items: Sequence[ModelItem], narrow: bool = False) -> list[dict[str, np.ndarray]]:
         """Run items synchronously in the caller's thread (warm-up), bypassing the queue and the metrics."""
         encoded = list(items)
         outputs: list = [None] * len(encoded)
         timings: list = [None] * len(encoded)
         for batch in plan_batches([len(x) for x in encoded], self.policy):
-            self._run_batch(encoded, batch, None, 0.0, outputs, timings, record=False)
+            self._run_batch(encoded, batch, None, 0.0, outputs, timings, record=False, narrow=narrow)
         for out in outputs:
             if isinstance(out, BaseException):
                 raise out
@@ -369,26 +384,29 @@ class Batcher:
     # -- the loop ------------------------------------------------------------------------------
 
     async def _loop(self) -> None:
-        """IDLE / FILLING / TAKING as the module says; RUNNING in the worker thread. With `pipeline`, while a
-        take runs, the next one is taken and padded as items arrive (topped up to the budget until the
-        running pass ends), and started the moment the worker is free: one take ahead, never more."""
+        """IDLE / FILLING / TAKING as the module says; RUNNING in the worker threads. A take starts as soon as a
+        worker is free (up to `parallel` at once). With `pipeline`, while every worker is busy, the next take is
+        taken and padded as items arrive (topped up to the budget until a worker frees): one take ahead."""
         assert self._wakeup is not None
-        running: asyncio.Future | None = None
+        running = self._running
         while True:
-            if running is not None and running.done():
-                self._answer(self._taken.pop(0), running)
-                running = None
-            if running is None and self._taken:  # the take prepared ahead: start it at once
-                running = self._launch(self._taken[0])
+            for future in [f for f in running if f.done()]:
+                self._answer(running.pop(future), future)
+            if self._ahead is not None and len(running) < self.parallel:  # prepared ahead: start it at once
+                take, self._ahead = self._ahead, None
+                running[self._launch(take)] = take
                 continue
             oldest = self._oldest_queued()
-            if running is not None:  # a pass runs: take (or top up) the next one, else wait for news
+            if running:
+                if oldest is not None and len(running) < self.parallel:  # a free worker: take what is queued now
+                    self._ahead = self._take_now()
+                    continue
                 if oldest is not None and self.policy.pipeline and self._top_up():
                     continue
                 self._wakeup.clear()
                 waiter = asyncio.ensure_future(self._wakeup.wait())
                 try:
-                    await asyncio.wait({running, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                    await asyncio.wait({*running, waiter}, return_when=asyncio.FIRST_COMPLETED)
                 finally:
                     waiter.cancel()
                 continue
@@ -408,28 +426,32 @@ class Batcher:
                     await asyncio.wait_for(self._wakeup.wait(), remaining)
                 except TimeoutError:
                     break
-            take = _Take(self._take([]))  # TAKING
-            if take.items:
-                take.prepare(self.policy)
-                self._taken.append(take)
+            self._ahead = self._take_now()  # TAKING
         self._state = BatcherState.STOPPED
+
+    def _take_now(self) -> _Take | None:
+        take = _Take(self._take([]))
+        if not take.items:
+            return None
+        take.prepare(self.policy)
+        return take
 
     def _top_up(self) -> bool:
         """Take queued items into the take prepared ahead (a new one if none) while the budget allows, and
         pad it again; False when nothing was added (it is full, or nothing queued fits)."""
-        ahead = self._taken[1] if len(self._taken) > 1 else None
+        ahead = self._ahead
         added = self._take(ahead.items if ahead else [])
         if not added:
             return False
         if ahead is None:
-            ahead = _Take([])
-            self._taken.append(ahead)
+            ahead = self._ahead = _Take([])
         ahead.items += added
         ahead.prepare(self.policy)
         return True
 
     def _launch(self, take: _Take) -> asyncio.Future:
-        """Start a take's passes in the worker thread; items whose client left meanwhile are left out."""
+        """Start a take's passes in a worker thread; items whose client left meanwhile are left out. The pass
+        runs narrow when other work is there (this model's or another's), wide when it is alone."""
         take.launched = True
         live = [item for item in take.items if not item.future.done()]
         if len(live) != len(take.items):
@@ -443,8 +465,9 @@ class Batcher:
         started = time.monotonic()
         for item in take.items:
             self._metrics.queue_wait.labels(self.model).observe(started - item.enqueued_at)
+        narrow = self._run_narrow is not None and (bool(self._running) or self._depth > 0 or self._slots.busy > 0)
         loop = asyncio.get_running_loop()
-        return loop.run_in_executor(self._executor, self._compute, take, started)
+        return loop.run_in_executor(self._executor, self._compute, take, started, narrow)
 
     def _answer(self, take: _Take, running: asyncio.Future) -> None:
         """Hand each item of a finished take its rows, or its error."""
@@ -453,7 +476,7 @@ class Batcher:
                        ItemFailed("inference failed for this input; see the server log"))
             return
         outputs, timings, started, seconds = running.result()
-        self._throughput.update(len(take.items), seconds)
+        self._throughput.update(len(take.items) * max(1, len(self._running) + 1), seconds)
         self._metrics.model_ready.labels(self.model).set(1 if self.healthy else 0)
         for item, out, (run_id, pass_seconds, pad_seconds, finished_at) in zip(take.items, outputs, timings):
             if item.future.done():
@@ -525,27 +548,29 @@ class Batcher:
 
     # -- the worker thread ---------------------------------------------------------------------
 
-    def _compute(self, take: _Take, started: float) -> tuple[list, list, float, float]:
+    def _compute(self, take: _Take, started: float, narrow: bool) -> tuple[list, list, float, float]:
         """Worker thread: the take's passes (padded already). Returns each item's outputs or the exception
         that failed it, in take order, and (run id, seconds, padding seconds, end time) of its pass."""
         encoded = [item.encoded for item in take.items]
         outputs: list = [None] * len(encoded)
         timings: list = [(0, 0.0, 0.0, 0.0)] * len(encoded)
         for batch, feeds, pad_seconds in zip(take.batches, take.feeds, take.pad_seconds):
-            self._run_batch(encoded, batch, feeds, pad_seconds, outputs, timings, record=True)
+            self._run_batch(encoded, batch, feeds, pad_seconds, outputs, timings, record=True, narrow=narrow)
         return outputs, timings, started, time.monotonic() - started
 
     def _run_batch(self, encoded: list[ModelItem], batch: Batch, feeds: dict[str, np.ndarray] | None,
-                   pad_seconds: float, outputs: list, timings: list, record: bool) -> None:
+                   pad_seconds: float, outputs: list, timings: list, record: bool, narrow: bool = False) -> None:
         """One forward pass; when it raises, retry each half (padded anew), down to the failing item."""
-        begin = time.perf_counter()
+        run, units = (self._run_narrow, self._narrow_threads) if narrow and self._run_narrow else \
+            (self._run_model, self._threads)
         try:
-            with self._slots:
+            with self._slots.hold(units):
+                begin = time.perf_counter()  # a pass's time starts when it has its cores
                 if feeds is None:
                     feeds = pad(encoded, batch)
                     pad_seconds = time.perf_counter() - begin
                     begin = time.perf_counter()
-                rows = run_batch(self._run_model, encoded, batch, self.per_token, feeds)
+                rows = run_batch(run, encoded, batch, self.per_token, feeds)
         except Exception as error:
             self._metrics.inference_failures.labels(self.model).inc()
             members = batch.members
@@ -555,9 +580,10 @@ class Batcher:
                             len(members), self.model, type(error).__name__)
                 for half in (members[:middle], members[middle:]):
                     width = self.policy.width_for(max(len(encoded[i]) for i in half)) or batch.width
-                    self._run_batch(encoded, Batch(half, width), None, 0.0, outputs, timings, record)
+                    self._run_batch(encoded, Batch(half, width), None, 0.0, outputs, timings, record, narrow)
                 return
-            self.consecutive_failures += 1
+            with self._counter_lock:
+                self.consecutive_failures += 1
             log.error("inference failed for model %s on one item of %d tokens (%d failure(s) in a row): %s",
                       self.model, len(encoded[members[0]]), self.consecutive_failures, error, exc_info=error)
             self._metrics.items_failed.labels(self.model).inc()
@@ -565,8 +591,10 @@ class Batcher:
             return
         finished = time.perf_counter()
         seconds = finished - begin
-        self.consecutive_failures = 0
-        self._run_counter += 1
+        with self._counter_lock:
+            self.consecutive_failures = 0
+            self._run_counter += 1
+            run_id = self._run_counter
         if record:
             self._metrics.inference_duration.labels(self.model).observe(seconds)
             self._metrics.batch_size.labels(self.model).observe(len(batch.members))
@@ -574,4 +602,4 @@ class Batcher:
             self._metrics.items_inferred.labels(self.model).inc(len(batch.members))
         for i, row in zip(batch.members, rows):
             outputs[i] = row
-            timings[i] = (self._run_counter, seconds, pad_seconds, finished)
+            timings[i] = (run_id, seconds, pad_seconds, finished)

@@ -2,13 +2,17 @@
 
 `os.cpu_count()` reports the host's cores even in a container limited to one (`docker run --cpus 1`,
 a Kubernetes CPU limit); sizing thread pools by it oversubscribes the quota and the kernel throttles
-the whole process. Import `usable_cpus` wherever a thread count is chosen.
+the whole process. Import `usable_cpus` wherever a thread count is chosen, and share one `ComputeSlots` of
+that many units among the forward passes of a process.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -48,3 +52,32 @@ def cgroup_cpu_limit(cgroup_root: Path = CGROUP_ROOT) -> float | None:
     except (OSError, ValueError):
         return None
     return None
+
+
+class ComputeSlots:
+    """The process's cores as units that forward passes hold while they run (a pass on n ONNX Runtime threads
+    holds n), so the passes of all models together never run more ORT threads than there are cores: an extra
+    thread would not add compute, it would make every pass wait for its descheduled straggler."""
+
+    def __init__(self, units: int):
+        self.units = max(1, units)
+        self._free = self.units
+        self._changed = threading.Condition()
+
+    @property
+    def busy(self) -> int:
+        """Units held right now (a hint for the event loop: read without the lock)."""
+        return self.units - self._free
+
+    @contextmanager
+    def hold(self, units: int) -> Iterator[None]:
+        units = min(max(1, units), self.units)
+        with self._changed:
+            self._changed.wait_for(lambda: self._free >= units)
+            self._free -= units
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._free += units
+                self._changed.notify_all()

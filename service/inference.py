@@ -15,7 +15,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
@@ -42,7 +42,7 @@ class Timings:
     tokenize_s: float = 0.0
     queue_s: float = 0.0  # the longest wait of the request's items before their forward pass
     pad_s: float = 0.0
-    inference_s: float = 0.0  # the forward passes the request's items were in, added up
+    inference_s: float = 0.0  # the time the forward passes the request's items were in ran (overlaps once)
     wake_s: float = 0.0  # the last forward pass's end -> the request resumes on the event loop
     decode_s: float = 0.0
     serialize_s: float = 0.0
@@ -183,7 +183,8 @@ async def _compute(model: ServedModel, handler: TaskHandler, inputs: list[Any], 
             future.cancel()
         raise
     timings.queue_s = max(r.queue_seconds for r in item_results)
-    timings.inference_s = sum({r.run_id: r.inference_seconds for r in item_results}.values())
+    timings.inference_s = covered_seconds({r.run_id: (r.finished_at - r.inference_seconds, r.finished_at)
+                                           for r in item_results}.values())
     timings.pad_s = sum({r.run_id: r.pad_seconds for r in item_results}.values())
     timings.wake_s = max(0.0, time.perf_counter() - max(r.finished_at for r in item_results))
 
@@ -195,6 +196,16 @@ async def _compute(model: ServedModel, handler: TaskHandler, inputs: list[Any], 
     results = await _maybe_in_thread(pool, lambda: handler.finish(model, prepared, outputs, body))
     timings.decode_s = time.perf_counter() - begin
     return results, timings
+
+
+def covered_seconds(intervals: Iterable[tuple[float, float]]) -> float:
+    """The time covered by the (start, end) intervals: passes of one request that ran side by side count once."""
+    covered, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            covered += end - max(start, reach)
+            reach = end
+    return covered
 
 
 async def _maybe_in_thread(pool: Executor | None, fn: Callable[[], Any]) -> Any:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from service.batcher import Batcher, BatchPolicy, clip_buckets
+from service.cpu import ComputeSlots, usable_cpus
 from service.errors import ErrorType, ServiceError
 from service.metrics import Metrics
 from service.settings import ServiceSettings
@@ -63,8 +63,11 @@ class OnnxEngine:
     once, instead of ORT staging every tensor through its own host buffers on each call.
     """
 
-    def __init__(self, bundle: Bundle, intra_op_threads: int, prefer_gpu: bool, allow_spinning: bool = False):
-        model_bytes = verified_bytes(bundle, MODEL_FILE)  # the bytes hashed are the bytes ONNX Runtime loads
+    def __init__(self, bundle: Bundle, intra_op_threads: int, prefer_gpu: bool, allow_spinning: bool = False,
+                 model_bytes: bytes | None = None):
+        self.threads = intra_op_threads
+        if model_bytes is None:
+            model_bytes = verified_bytes(bundle, MODEL_FILE)  # the bytes hashed are the bytes ONNX Runtime loads
         self.session, self.provider = create_session(model_bytes, bundle.precision, intra_op_threads, prefer_gpu,
                                                      allow_spinning=allow_spinning)
         self.input_names = [node.name for node in self.session.get_inputs()]
@@ -178,16 +181,21 @@ def load_bundle_tokenizer(bundle: Bundle) -> GilFreeTokenizer:
 
 
 def load_model(bundle: Bundle, settings: ServiceSettings, metrics: Metrics, intra_op_threads: int | None = None,
-               compute_slots: threading.Semaphore | None = None) -> ServedModel:
-    """Session, tokenizer and batcher for one verified bundle; warmed up when settings say so."""
+               compute_slots: ComputeSlots | None = None) -> ServedModel:
+    """Sessions, tokenizer and batcher for one verified bundle; warmed up when settings say so."""
     started = time.perf_counter()
     name = bundle.path.name  # the folder name is the model name
     spec = bundle.spec()
-    threads = settings.intra_op_threads if intra_op_threads is None else intra_op_threads
-    engine = OnnxEngine(bundle, threads, prefer_gpu=settings.device != "cpu", allow_spinning=settings.ort_spinning)
+    slots = compute_slots or ComputeSlots(usable_cpus())
+    threads = min(settings.intra_op_threads if intra_op_threads is None else intra_op_threads, slots.units) or slots.units
+    model_bytes = verified_bytes(bundle, MODEL_FILE)  # the bytes hashed are the bytes ONNX Runtime loads
+    engine = OnnxEngine(bundle, threads, prefer_gpu=settings.device != "cpu", allow_spinning=settings.ort_spinning,
+                        model_bytes=model_bytes)
     if settings.device == "cuda" and engine.provider != CUDA and bundle.precision != "int8":
         raise RepositoryError(f"bundle {name}: device cuda was asked for, but the session runs on {engine.provider} "
                               "(is onnxruntime-gpu installed, and a GPU visible?)")
+    narrow_engine, narrow_threads = narrow(engine, bundle, model_bytes, settings, slots)
+    del model_bytes
     policy = BatchPolicy(
         buckets=clip_buckets(settings.length_buckets, spec.max_seq_length),
         max_batch_size=settings.max_batch_size,
@@ -203,8 +211,8 @@ def load_model(bundle: Bundle, settings: ServiceSettings, metrics: Metrics, intr
     if spec.max_seq_length > settings.max_batch_tokens:
         raise RepositoryError(f"bundle {name}: max_seq_length {spec.max_seq_length} exceeds max_batch_tokens "
                               f"{settings.max_batch_tokens}; a full-length input could never run")
-    batcher = Batcher(name, engine, policy, metrics, per_token=spec.definition.per_token,
-                      compute_slots=compute_slots)
+    batcher = Batcher(name, engine, policy, metrics, per_token=spec.definition.per_token, compute_slots=slots,
+                      threads=threads, run_narrow=narrow_engine, narrow_threads=narrow_threads)
     model = ServedModel(name, bundle, spec, load_bundle_tokenizer(bundle), engine, batcher)
     metrics.register_model(name, spec.task, bundle.precision, engine.provider)
     if model.below_quality_floor:
@@ -215,6 +223,21 @@ def load_model(bundle: Bundle, settings: ServiceSettings, metrics: Metrics, intr
         model.warmup_shapes = warm_up(model)
     model.load_seconds = time.perf_counter() - started
     return model
+
+
+def narrow(engine: OnnxEngine, bundle: Bundle, model_bytes: bytes, settings: ServiceSettings, slots: ComputeSlots
+           ) -> tuple[OnnxEngine | None, int]:
+    """The engine for passes that run beside others (CPU only; on CUDA passes queue on the device) and its
+    threads: the wide engine itself when it has as few threads already, else a second session of the same
+    bytes on `cores // parallel_passes` threads."""
+    parallel = settings.parallel_passes or slots.units
+    if engine.provider == CUDA or parallel <= 1:
+        return None, engine.threads
+    threads = max(1, slots.units // parallel)
+    if threads >= engine.threads:
+        return engine, engine.threads
+    return OnnxEngine(bundle, threads, prefer_gpu=False, allow_spinning=settings.ort_spinning,
+                      model_bytes=model_bytes), threads
 
 
 def batch_table(path: Path | None, model: str) -> BatchTable | None:
@@ -247,6 +270,8 @@ def warm_up(model: ServedModel) -> list[tuple[int, int]]:
             item = EncodedInput([cls_id] + [filler] * (bucket - 2) + [sep_id], [0] * bucket, [(0, 0)] * bucket,
                                 [None] * bucket, [None] * bucket, False)
             model.batcher.run_now([item] * batch)
+            if model.batcher.parallel > 1:
+                model.batcher.run_now([item] * batch, narrow=True)
             shapes.append((batch, bucket))
     return shapes
 

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import hmac
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
-from service.errors import ErrorType, ServiceError
 from service.handlers import HANDLERS, OPENAI_EMBEDDINGS, SIMILARITY, openai_payload
 from service.inference import infer
 from service.metrics import CONTENT_TYPE
@@ -43,17 +41,8 @@ async def get_runtime(request: Request) -> Runtime:  # async: FastAPI would run 
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 
 
-async def require_api_key(request: Request, runtime: RuntimeDep) -> None:
-    """`Authorization: Bearer <key>` on the /v1 routes when an API key is configured."""
-    key = runtime.settings.api_key
-    if key is None:
-        return
-    scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), key.get_secret_value().encode()):
-        raise ServiceError(ErrorType.UNAUTHORIZED, "missing or wrong API key (send Authorization: Bearer <key>)")
-
-
-v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES)
+# The API key is checked once, in the ASGI middleware (service/middleware.py), before the body is read.
+v1 = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
 
 
 @v1.post("/classify", response_model=ClassifyResponse, summary="Single-text classification (or regression)")

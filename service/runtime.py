@@ -10,9 +10,11 @@ The drain (see `berth serve`): SIGTERM -> DRAINING, /readyz 503, requests still 
 drain_delay_s (load balancers need that long to notice) -> `stop_admitting()`: new requests 503,
 queued and in-flight ones finish -> `stop()` within what is left of shutdown_timeout_s.
 
-Threads: forward passes of all models share `usable_cpus() // intra_op_threads` compute slots (one
-by default), so the ONNX Runtime pools never run more threads than the cores allow; large
-tokenizations run on one tokenizer thread, with the GIL released (`encode_batch`). Discovery (manifests and file hashes) runs before the server accepts connections, so
+Threads: the forward passes of all models share `usable_cpus()` compute units, one per ONNX Runtime
+thread, so the pools never run more threads than the cores allow: a lone pass takes `intra_op_threads`
+(all cores by default), and under load a CPU model runs `parallel_passes` passes at once on
+`cores // parallel_passes` threads each (batcher.py says why); large tokenizations run on one
+tokenizer thread, with the GIL released (`encode_batch`). Discovery (manifests and file hashes) runs before the server accepts connections, so
 a bad repository stops the start with the bundle and the reason; sessions and warm-up run after,
 off the event loop.
 """
@@ -21,12 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from enum import StrEnum
 
-from service.cpu import usable_cpus
+from service.cpu import ComputeSlots, usable_cpus
 from service.errors import ErrorType, ServiceError
 from service.metrics import Metrics
 from service.models import ServedModel, discover, load_model, resolve_model
@@ -55,8 +56,8 @@ class Runtime:
         self.stop_deadline: float | None = None  # monotonic time by which in-flight work must be done
         self._loader: asyncio.Task | None = None
         self.cpus = usable_cpus()
-        self.intra_op_threads = settings.intra_op_threads or self.cpus
-        self.compute_slots = threading.Semaphore(max(1, self.cpus // self.intra_op_threads))
+        self.intra_op_threads = min(settings.intra_op_threads or self.cpus, self.cpus)
+        self.compute_slots = ComputeSlots(self.cpus)
         self.tokenizer_pool = ThreadPoolExecutor(max_workers=settings.tokenizer_threads,
                                                  thread_name_prefix="berth-tokenizer")
 
@@ -79,9 +80,11 @@ class Runtime:
         for name in self.bundles:
             self.metrics.model_ready.labels(name).set(0)
         log.info("serving %d model(s) from %s: %s", len(self.bundles), self.settings.models, ", ".join(self.bundles))
-        log.info("threads: %d usable core(s); %d ONNX Runtime thread(s) per forward pass, %d compute slot(s) shared "
-                 "by all models; %d tokenizer thread(s)", self.cpus, self.intra_op_threads,
-                 self.compute_slots._value, self.settings.tokenizer_threads)
+        parallel = self.settings.parallel_passes or self.cpus
+        log.info("threads: %d usable core(s); a lone forward pass on %d ONNX Runtime thread(s), up to %d passes of a "
+                 "CPU model at once under load on %d thread(s) each; %d tokenizer thread(s)", self.cpus,
+                 self.intra_op_threads, min(parallel, self.cpus), max(1, self.cpus // parallel),
+                 self.settings.tokenizer_threads)
         self._loader = asyncio.get_running_loop().create_task(self._load_all(), name="berth-model-loader")
 
     async def _load_all(self) -> None:

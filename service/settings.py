@@ -82,8 +82,11 @@ class ServiceSettings(BaseModel):
 
     # -- ONNX Runtime
     intra_op_threads: int = Field(
-        0, ge=0, description="threads per forward pass (0: the usable cores, cgroup CPU quota respected); forward "
-                             "passes of all models share max(1, cores // threads) slots")
+        0, ge=0, description="threads of a lone forward pass (0: the usable cores, cgroup CPU quota respected); "
+                             "the passes of all models together never run more threads than the usable cores")
+    parallel_passes: int = Field(
+        0, ge=0, description="CPU: forward passes one model runs at once when more work is waiting, each on "
+                             "cores // N threads (0: one per usable core; 1: one pass at a time, on all threads)")
     tokenizer_threads: int = Field(1, ge=1, description="threads that tokenize and decode large requests off "
                                                         "the event loop")
     ort_spinning: bool = Field(

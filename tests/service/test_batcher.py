@@ -295,3 +295,50 @@ def test_measured_batch_sizes_per_length_are_honoured(tokenizer):
         assert batch <= table.best_batch_size(width), (batch, width)
     assert [len(x) for x in items] == [4, 5, 6, 7, 12, 13, 14, 15, 22, 23, 24, 42, 43, 52]
     assert sorted(model.shapes) == [(1, 32), (1, 64), (1, 64), (1, 64), (2, 32), (4, 8), (4, 16)]
+
+
+def test_under_load_narrow_passes_run_side_by_side_and_a_lone_pass_runs_wide(tokenizer):
+    """With a narrow engine and 2 compute units, queued work runs as two concurrent 1-unit passes on the narrow
+    engine (never more units at once than there are); a pass alone in the process runs on the wide engine."""
+    from service.cpu import ComputeSlots
+
+    items = [encode(tokenizer, TEXTS[i % len(TEXTS)] + " x" * i) for i in range(16)]
+    lock = threading.Lock()
+    state = {"now": 0, "peak": 0, "calls": []}
+
+    def engine(name):
+        inner = SumModel()
+
+        def run(feeds):
+            with lock:
+                state["now"] += 1
+                state["peak"] = max(state["peak"], state["now"])
+                state["calls"].append(name)
+            time.sleep(0.15)
+            with lock:
+                state["now"] -= 1
+            return inner(feeds)
+        return run
+
+    async def scenario():
+        policy = BatchPolicy(buckets=[8, 16, 32, 64], max_batch_size=4, max_batch_tokens=256, max_wait_s=0.0,
+                             max_queue_items=64)
+        batcher = Batcher("m", engine("wide"), policy, Metrics(), per_token=True, compute_slots=ComputeSlots(2),
+                          threads=2, run_narrow=engine("narrow"), narrow_threads=1)
+        batcher.start()
+        assert batcher.parallel == 2
+        deadline = time.monotonic() + 30
+        lone = await asyncio.gather(*batcher.submit(items[:1], deadline))
+        alone_calls = list(state["calls"])
+        burst = await asyncio.gather(*[f for k in range(0, 16, 2) for f in batcher.submit(items[k : k + 2], deadline)])
+        await batcher.close(5)
+        return lone, alone_calls, burst
+
+    lone, alone_calls, burst = asyncio.run(scenario())
+    assert alone_calls == ["wide"]
+    assert lone[0].outputs["total"][0] == sum(items[0].input_ids)
+    for item, result in zip(items, burst):  # each item its own rows, request order kept
+        assert result.outputs["total"][0] == sum(item.input_ids)
+        assert result.outputs["tokens"][:, 0].tolist() == item.input_ids
+    assert state["peak"] == 2  # two passes overlapped, never three
+    assert state["calls"][1:].count("narrow") >= 2

@@ -65,3 +65,11 @@ def test_predict_and_the_batcher_give_each_item_the_same_rows(name, bundle_repos
             assert offline[output][i].shape == (len(item),)[:1] + offline[output][i].shape[1:]
             np.testing.assert_array_equal(queued[i][output], offline[output][i])
             np.testing.assert_allclose(served[i][output], offline[output][i], atol=1e-4)
+
+
+def test_passes_that_ran_side_by_side_count_once_in_a_requests_inference_time():
+    from service.inference import covered_seconds
+
+    assert covered_seconds([(0.0, 2.0), (1.0, 3.0), (5.0, 6.0)]) == 4.0  # 0-3 and 5-6
+    assert covered_seconds([(1.0, 4.0), (2.0, 3.0)]) == 3.0  # one pass inside another
+    assert covered_seconds([]) == 0.0
