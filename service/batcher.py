@@ -294,7 +294,7 @@ class Batcher:
         outputs: list = [None] * len(encoded)
         timings: list = [None] * len(encoded)
         for batch in plan_batches([len(x) for x in encoded], self.policy):
-            self._run_batch(encoded, batch, None, 0.0, outputs, timings, record=False, narrow=narrow)
+            self._run_batch(encoded, batch, None, 0.0, outputs, timings, record=False, narrow=narrow, exact=True)
         for out in outputs:
             if isinstance(out, BaseException):
                 raise out
@@ -559,12 +559,18 @@ class Batcher:
         return outputs, timings, started, time.monotonic() - started
 
     def _run_batch(self, encoded: list[ModelItem], batch: Batch, feeds: dict[str, np.ndarray] | None,
-                   pad_seconds: float, outputs: list, timings: list, record: bool, narrow: bool = False) -> None:
-        """One forward pass; when it raises, retry each half (padded anew), down to the failing item."""
-        run, units = (self._run_narrow, self._narrow_threads) if narrow and self._run_narrow else \
-            (self._run_model, self._threads)
+                   pad_seconds: float, outputs: list, timings: list, record: bool, narrow: bool = False,
+                   exact: bool = False) -> None:
+        """One forward pass; when it raises, retry each half (padded anew), down to the failing item. A wide pass
+        runs narrow instead when another model took cores since the event loop decided (unless `exact`: warm-up)."""
+        if narrow and self._run_narrow is not None:
+            holding = self._slots.hold(self._narrow_threads)
+        else:
+            fallback = self._narrow_threads if self._run_narrow is not None and not exact else None
+            holding = self._slots.hold(self._threads, fallback)
         try:
-            with self._slots.hold(units):
+            with holding as units:
+                run = self._run_narrow if self._run_narrow is not None and units < self._threads else self._run_model
                 begin = time.perf_counter()  # a pass's time starts when it has its cores
                 if feeds is None:
                     feeds = pad(encoded, batch)
@@ -580,7 +586,7 @@ class Batcher:
                             len(members), self.model, type(error).__name__)
                 for half in (members[:middle], members[middle:]):
                     width = self.policy.width_for(max(len(encoded[i]) for i in half)) or batch.width
-                    self._run_batch(encoded, Batch(half, width), None, 0.0, outputs, timings, record, narrow)
+                    self._run_batch(encoded, Batch(half, width), None, 0.0, outputs, timings, record, narrow, exact)
                 return
             with self._counter_lock:
                 self.consecutive_failures += 1

@@ -70,13 +70,17 @@ class ComputeSlots:
         return self.units - self._free
 
     @contextmanager
-    def hold(self, units: int) -> Iterator[None]:
+    def hold(self, units: int, or_else: int | None = None) -> Iterator[int]:
+        """Hold `units` (waiting until they are free) and yield how many are held; with `or_else`, hold `units`
+        only if they are free right now, else wait for `or_else` (so a wide pass never waits behind narrow ones)."""
         units = min(max(1, units), self.units)
         with self._changed:
+            if or_else is not None and self._free < units:
+                units = min(max(1, or_else), self.units)
             self._changed.wait_for(lambda: self._free >= units)
             self._free -= units
         try:
-            yield
+            yield units
         finally:
             with self._changed:
                 self._free += units

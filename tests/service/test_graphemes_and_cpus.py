@@ -3,11 +3,12 @@ Expectations are written by hand from the Unicode definitions (UAX #29) and the 
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
 
-from service.cpu import cgroup_cpu_limit, usable_cpus
+from service.cpu import ComputeSlots, cgroup_cpu_limit, usable_cpus
 from tasks.graphemes import extend_end
 
 WOMAN_TECHNOLOGIST = "\U0001F469\u200d\U0001F4BB"  # 👩‍💻: woman, ZWJ, laptop
@@ -60,3 +61,25 @@ def test_cgroup_v2_without_quota_and_v1_formats(tmp_path):
     unlimited = _cgroup(tmp_path / "v1u", {"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"})
     assert cgroup_cpu_limit(unlimited) is None
     assert cgroup_cpu_limit(tmp_path / "absent") is None and usable_cpus(tmp_path / "absent") == cores
+
+
+def test_compute_slots_never_hand_out_more_units_than_cores_and_a_wide_pass_falls_back_at_once():
+    slots = ComputeSlots(2)
+    with slots.hold(1) as held:
+        assert held == 1 and slots.busy == 1
+        with slots.hold(2, or_else=1) as fallback:  # both cores asked, one free: take one now, do not wait
+            assert fallback == 1 and slots.busy == 2
+        got = threading.Event()
+
+        def wide() -> None:
+            with slots.hold(2):
+                got.set()
+
+        waiter = threading.Thread(target=wide)
+        waiter.start()
+        assert not got.wait(0.2)  # two units without a fallback wait while one is held
+    assert got.wait(5)  # ... and get them once it is released
+    waiter.join()
+    with slots.hold(2, or_else=1) as held:
+        assert held == 2  # all free: the wide pass gets every core
+    assert slots.busy == 0
