@@ -64,12 +64,13 @@ class OnnxEngine:
     """
 
     def __init__(self, bundle: Bundle, intra_op_threads: int, prefer_gpu: bool, allow_spinning: bool = False,
-                 model_bytes: bytes | None = None):
+                 model_bytes: bytes | None = None, spin_between_runs: bool = True):
         self.threads = intra_op_threads
         if model_bytes is None:
             model_bytes = verified_bytes(bundle, MODEL_FILE)  # the bytes hashed are the bytes ONNX Runtime loads
         self.session, self.provider = create_session(model_bytes, bundle.precision, intra_op_threads, prefer_gpu,
-                                                     allow_spinning=allow_spinning)
+                                                     allow_spinning=allow_spinning,
+                                                     spin_between_runs=spin_between_runs)
         self.input_names = [node.name for node in self.session.get_inputs()]
         self.output_names = list(definition(bundle.task).output_names)
         self.io_binding = self.provider == CUDA
@@ -189,8 +190,9 @@ def load_model(bundle: Bundle, settings: ServiceSettings, metrics: Metrics, intr
     slots = compute_slots or ComputeSlots(usable_cpus())
     threads = min(settings.intra_op_threads if intra_op_threads is None else intra_op_threads, slots.units) or slots.units
     model_bytes = verified_bytes(bundle, MODEL_FILE)  # the bytes hashed are the bytes ONNX Runtime loads
-    engine = OnnxEngine(bundle, threads, prefer_gpu=settings.device != "cpu", allow_spinning=settings.ort_spinning,
-                        model_bytes=model_bytes)
+    engine = OnnxEngine(bundle, threads, prefer_gpu=settings.device != "cpu", model_bytes=model_bytes,
+                        allow_spinning=settings.ort_spinning or settings.ort_spin_in_pass,
+                        spin_between_runs=settings.ort_spinning)
     if settings.device == "cuda" and engine.provider != CUDA and bundle.precision != "int8":
         raise RepositoryError(f"bundle {name}: device cuda was asked for, but the session runs on {engine.provider} "
                               "(is onnxruntime-gpu installed, and a GPU visible?)")
@@ -236,8 +238,9 @@ def narrow(engine: OnnxEngine, bundle: Bundle, model_bytes: bytes, settings: Ser
     threads = max(1, slots.units // parallel)
     if threads >= engine.threads:
         return engine, engine.threads
-    return OnnxEngine(bundle, threads, prefer_gpu=False, allow_spinning=settings.ort_spinning,
-                      model_bytes=model_bytes), threads
+    return OnnxEngine(bundle, threads, prefer_gpu=False, model_bytes=model_bytes,
+                      allow_spinning=settings.ort_spinning or settings.ort_spin_in_pass,
+                      spin_between_runs=settings.ort_spinning), threads
 
 
 def batch_table(path: Path | None, model: str) -> BatchTable | None:

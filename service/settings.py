@@ -90,8 +90,12 @@ class ServiceSettings(BaseModel):
     tokenizer_threads: int = Field(1, ge=1, description="threads that tokenize and decode large requests off "
                                                         "the event loop")
     ort_spinning: bool = Field(
-        False, description="let idle ONNX Runtime threads busy-wait (faster only on cores nothing else needs)"
+        False, description="let idle ONNX Runtime threads busy-wait, also between passes (faster only on cores "
+                           "nothing else needs)"
     )
+    ort_spin_in_pass: bool = Field(
+        True, description="let ONNX Runtime threads busy-wait between the operators of one pass, and sleep once "
+                          "it ends (a lone pass runs faster; under load passes run single-threaded, where nothing spins)")
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="auto: CUDA when present and fit for the bundle's precision (never for int8), else CPU"
     )

@@ -35,7 +35,8 @@ GROUPS = {
                        "max_tokens_per_request", "max_items_per_request", "max_answer_length_cap",
                        "max_concurrent_requests", "body_read_timeout_s", "max_body_bytes", "request_timeout_s",
                        "tokenize_in_thread_chars", "max_consecutive_failures"],
-    "ONNX Runtime and threads": ["intra_op_threads", "parallel_passes", "tokenizer_threads", "ort_spinning"],
+    "ONNX Runtime and threads": ["intra_op_threads", "parallel_passes", "tokenizer_threads", "ort_spinning",
+                                 "ort_spin_in_pass"],
     "logs and shutdown": ["log_level", "log_json", "drain_delay_s", "shutdown_timeout_s"],
 }
 OPTIONS = {  # --model NAME, repeated (as before), not a comma-separated list
