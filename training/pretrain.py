@@ -320,8 +320,8 @@ def _with_token_name(metrics: dict[str, Any], tokenizer: Tokenizer) -> dict[str,
     return {**metrics, "unigram_token": tokenizer.id_to_token(int(metrics["unigram_token_id"]))}
 
 
-def _write_eval(out: Path, metrics: dict[str, float], data: str) -> None:
-    (out / EVAL_FILE).write_text(json.dumps({"data": data, **metrics}, indent=2) + "\n", encoding="utf-8")
+def _write_eval(out: Path, metrics: dict[str, float], data: str, name: str = EVAL_FILE) -> None:
+    (out / name).write_text(json.dumps({"data": data, **metrics}, indent=2) + "\n", encoding="utf-8")
 
 
 def load_run_settings(folder: str | Path) -> PretrainSettings:
@@ -334,13 +334,16 @@ def load_run_settings(folder: str | Path) -> PretrainSettings:
 
 def evaluate_pretrained_folder(
     folder: str | Path, eval_text: list[Path] | None = None, corpus: list[Path] | None = None,
-    mask_seed: int | None = None, batch_size: int = 64, device: str = "auto",
+    mask_seed: int | None = None, batch_size: int = 64, device: str = "auto", instances_from: str | Path | None = None,
 ) -> dict[str, float]:
     """Held-out MLM / NSP metrics of a saved pretraining folder.
 
     By default the held-out documents of its own run (the split is rebuilt from pretrain_run.json:
     same corpus, seed and fraction; `corpus` points at the corpus if it has moved). With `eval_text`,
-    every document of those files instead. Writes pretrain_eval.json into the folder.
+    every document of those files instead. With `instances_from` (another run's folder, same vocabulary),
+    that run's held-out instances and masked positions, so two runs (an ablation) are scored on the very
+    same tokens. Writes pretrain_eval.json into the folder (pretrain_eval-on-<other>.json with
+    `instances_from`).
     """
     import torch
 
@@ -349,19 +352,22 @@ def evaluate_pretrained_folder(
     from training.model import BertForMaskedLM, BertForPreTraining
 
     folder = Path(folder)
-    settings = load_run_settings(folder).model_copy(update={"out": folder})
+    source = Path(instances_from) if instances_from else folder
+    settings = load_run_settings(source).model_copy(update={"out": source})
     if mask_seed is not None:
         settings = settings.model_copy(update={"eval_mask_seed": mask_seed})
     if corpus:
         settings = settings.model_copy(update={"corpus": list(corpus)})
     tokenizer = load_tokenizer(folder)
+    if instances_from and load_tokenizer(source).get_vocab() != tokenizer.get_vocab():
+        raise ValueError(f"{folder} and {source} have different vocabularies; their instances are not comparable")
     vocab = MaskingVocab.from_tokenizer(tokenizer)
     train_instances, heldout_instances = build_instances(settings, tokenizer)
     if eval_text:
         heldout_instances, _ = build_instances(settings, tokenizer, heldout_fraction=0.0, corpus=list(eval_text))
         data = "all documents of " + ", ".join(map(str, eval_text))
     else:
-        data = "held-out split of the training corpus"
+        data = "held-out split of the training corpus" + (f" of the run in {source}" if instances_from else "")
     if heldout_instances is None or len(heldout_instances) == 0:
         raise ValueError(f"{folder}: nothing to evaluate (the run held out no documents; pass eval_text)")
     architectures = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("architectures") or []
@@ -374,5 +380,5 @@ def evaluate_pretrained_folder(
     counts = unigram_counts(train_instances, vocab, tokenizer.get_vocab_size())
     metrics = evaluate_pretraining(model, heldout_dataset(heldout_instances, tokenizer, settings), counts, batch_size)
     metrics = _with_token_name(metrics, tokenizer)
-    _write_eval(folder, metrics, data)
+    _write_eval(folder, metrics, data, f"pretrain_eval-on-{source.name}.json" if instances_from else EVAL_FILE)
     return metrics

@@ -86,6 +86,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "(MLM accuracy, loss, perplexity; NSP accuracy; the unigram baseline)")
     e.add_argument("--eval-text", type=_paths,
                    help="with --eval-only: evaluate on every document of these comma-separated files/folders instead")
+    e.add_argument("--eval-instances-from", type=Path, metavar="FOLDER",
+                   help="with --eval-only: score on the held-out instances and masked positions of the run in FOLDER "
+                        "(same vocabulary), e.g. an NSP run and its --no-nsp ablation on the very same tokens")
     p.set_defaults(func=run_command)
     return p
 
@@ -114,7 +117,8 @@ def run_command(args: argparse.Namespace) -> int:
         metrics = evaluate_pretrained_folder(args.out, eval_text=args.eval_text, corpus=given.get("corpus") or None,
                                   mask_seed=given.get("eval_mask_seed", fields["eval_mask_seed"].default),
                                   batch_size=given.get("eval_batch_size", fields["eval_batch_size"].default),
-                                  device=given.get("device", fields["device"].default))
+                                  device=given.get("device", fields["device"].default),
+                                  instances_from=args.eval_instances_from)
         _print_eval(metrics)
         return 0
     if not given.get("corpus"):

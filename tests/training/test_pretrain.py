@@ -209,6 +209,22 @@ def test_no_nsp_saves_a_masked_lm_checkpoint_and_reports_no_nsp(no_nsp_run):
     assert str(report) == "all weights matched"
 
 
+def test_an_ablation_is_scored_on_the_very_same_masked_tokens_as_the_run_it_ablates(nsp_run, no_nsp_run):
+    nsp_out, _ = nsp_run
+    out, _ = no_nsp_run
+    own = json.loads((out / "pretrain_eval.json").read_text()) if (out / "pretrain_eval.json").exists() else None
+    printed = _berth("pretrain", "--eval-only", "--out", str(out), "--eval-instances-from", str(nsp_out), "--threads", "1")
+    assert "held-out MLM accuracy" in printed and "NSP accuracy" not in printed  # a masked LM has no NSP head
+    crossed = json.loads((out / f"pretrain_eval-on-{nsp_out.name}.json").read_text())
+    reference = json.loads((nsp_out / "pretrain_run.json").read_text())["heldout_eval"]
+    # the NSP run's instances and masks: the same count of masked tokens, the same unigram baseline on them
+    for key in ("instances", "masked_tokens", "unigram_accuracy", "unigram_perplexity"):
+        assert crossed[key] == pytest.approx(reference[key], abs=1e-9), key
+    assert crossed["data"].endswith(f"of the run in {nsp_out}")
+    if own is not None:  # the model's own evaluation file is left alone
+        assert json.loads((out / "pretrain_eval.json").read_text()) == own
+
+
 def test_settings_take_a_preset_or_explicit_sizes(tmp_path):
     mini = PretrainSettings(out=tmp_path).bert_config(30522)
     assert (mini.num_hidden_layers, mini.hidden_size, mini.num_attention_heads, mini.intermediate_size) == (4, 256, 4, 1024)
