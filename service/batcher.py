@@ -476,6 +476,7 @@ class Batcher:
                        ItemFailed("inference failed for this input; see the server log"))
             return
         outputs, timings, started, seconds = running.result()
+        # passes still running ran beside this one: the model's rate (for Retry-After) is about that many times its own
         self._throughput.update(len(take.items) * max(1, len(self._running) + 1), seconds)
         self._metrics.model_ready.labels(self.model).set(1 if self.healthy else 0)
         for item, out, (run_id, pass_seconds, pad_seconds, finished_at) in zip(take.items, outputs, timings):
