@@ -146,14 +146,14 @@ def engine_figures(bundle, items: list[Any], threads: int, batch_sizes: list[int
                                   "requests_per_s": batch * _passes_per_s(single, feeds, threads, seconds)})
     best = max(rows, key=lambda r: r["requests_per_s"])
     best_parallel = max(parallel_rows, key=lambda r: r["requests_per_s"], default=None)
-    ceiling = max(best["requests_per_s"], best_parallel["requests_per_s"] if best_parallel else 0.0)
+    ceiling = max([best, best_parallel] if best_parallel else [best], key=lambda r: r["requests_per_s"])
     return {"provider": provider, "items_per_request": len(items), "tokens": [len(i) for i in items],
             "batch1_p50_ms": rows[0]["p50_ms"] if rows[0]["batch_requests"] == 1 else None,
             "one_pass_best_requests_per_s": best["requests_per_s"], "one_pass_best_batch": best["batch_requests"],
             "parallel_best_requests_per_s": best_parallel["requests_per_s"] if best_parallel else None,
             "parallel_best_batch": best_parallel["batch_requests"] if best_parallel else None,
-            "best_requests_per_s": ceiling, "best_batch": best["batch_requests"] if ceiling == best["requests_per_s"]
-            else best_parallel["batch_requests"], "rows": rows, "parallel_rows": parallel_rows}
+            "best_requests_per_s": ceiling["requests_per_s"], "best_batch": ceiling["batch_requests"], "rows": rows,
+            "parallel_rows": parallel_rows}
 
 
 def _passes_per_s(session, feeds: dict[str, Any], workers: int, seconds: float) -> float:

@@ -191,8 +191,7 @@ def load_model(bundle: Bundle, settings: ServiceSettings, metrics: Metrics, intr
     threads = min(settings.intra_op_threads if intra_op_threads is None else intra_op_threads, slots.units) or slots.units
     model_bytes = verified_bytes(bundle, MODEL_FILE)  # the bytes hashed are the bytes ONNX Runtime loads
     engine = OnnxEngine(bundle, threads, prefer_gpu=settings.device != "cpu", model_bytes=model_bytes,
-                        allow_spinning=settings.ort_spinning or settings.ort_spin_in_pass,
-                        spin_between_runs=settings.ort_spinning)
+                        **spinning(settings))
     if settings.device == "cuda" and engine.provider != CUDA and bundle.precision != "int8":
         raise RepositoryError(f"bundle {name}: device cuda was asked for, but the session runs on {engine.provider} "
                               "(is onnxruntime-gpu installed, and a GPU visible?)")
@@ -238,9 +237,14 @@ def narrow(engine: OnnxEngine, bundle: Bundle, model_bytes: bytes, settings: Ser
     threads = max(1, slots.units // parallel)
     if threads >= engine.threads:
         return engine, engine.threads
-    return OnnxEngine(bundle, threads, prefer_gpu=False, model_bytes=model_bytes,
-                      allow_spinning=settings.ort_spinning or settings.ort_spin_in_pass,
-                      spin_between_runs=settings.ort_spinning), threads
+    return OnnxEngine(bundle, threads, prefer_gpu=False, model_bytes=model_bytes, **spinning(settings)), threads
+
+
+def spinning(settings: ServiceSettings) -> dict[str, bool]:
+    """OnnxEngine's spinning arguments: inside a pass with `ort_spin_in_pass`, also between passes with
+    `ort_spinning`."""
+    return {"allow_spinning": settings.ort_spinning or settings.ort_spin_in_pass,
+            "spin_between_runs": settings.ort_spinning}
 
 
 def batch_table(path: Path | None, model: str) -> BatchTable | None:

@@ -80,11 +80,8 @@ class Runtime:
         for name in self.bundles:
             self.metrics.model_ready.labels(name).set(0)
         log.info("serving %d model(s) from %s: %s", len(self.bundles), self.settings.models, ", ".join(self.bundles))
-        parallel = self.settings.parallel_passes or self.cpus
-        log.info("threads: %d usable core(s); a lone forward pass on %d ONNX Runtime thread(s), up to %d passes of a "
-                 "CPU model at once under load on %d thread(s) each; %d tokenizer thread(s)", self.cpus,
-                 self.intra_op_threads, min(parallel, self.cpus), max(1, self.cpus // parallel),
-                 self.settings.tokenizer_threads)
+        log.info("threads: %d usable core(s); a lone forward pass on %d ONNX Runtime thread(s); %d tokenizer "
+                 "thread(s)", self.cpus, self.intra_op_threads, self.settings.tokenizer_threads)
         self._loader = asyncio.get_running_loop().create_task(self._load_all(), name="berth-model-loader")
 
     async def _load_all(self) -> None:
@@ -100,8 +97,9 @@ class Runtime:
                 model.ready = True
                 self.models[name] = model
                 self.metrics.model_ready.labels(name).set(1)
-                log.info("model %s ready: %s %s on %s, %d warm-up shapes, %.1f s", name, model.task,
-                         bundle.precision, model.provider, len(model.warmup_shapes), model.load_seconds)
+                log.info("model %s ready: %s %s on %s, up to %d pass(es) at once, %d warm-up shapes, %.1f s", name,
+                         model.task, bundle.precision, model.provider, model.batcher.parallel,
+                         len(model.warmup_shapes), model.load_seconds)
         except Exception as error:  # a session that cannot be created, a warm-up that fails
             log.exception("loading the models failed")
             self.failure = f"{type(error).__name__}: {error}"
