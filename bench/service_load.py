@@ -216,9 +216,10 @@ def running(command: list[str], port: int, log: Path, timeout: float = 600):
                 proc.wait()
 
 
-def _cpu_seconds(pid: int) -> float:
-    """utime + stime of a process and its threads, from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def _cpu_seconds(pid: int, thread: int | None = None) -> float:
+    """utime + stime of a process and its threads, or of one of its threads (the main thread: `thread=pid`), from /proc."""
+    stat = Path(f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat")
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -232,11 +233,14 @@ def hey(port: int, route: str, body: dict, clients: int, seconds: float, server_
     command = ["hey", "-z", f"{seconds}s", "-c", str(clients), "-t", "30", "-m", "POST", "-T", "application/json",
                "-D", str(payload), "-o", "csv", f"http://127.0.0.1:{port}{ROUTE[route]}"]
     before_children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # the server's main thread runs its event loop: HTTP, validation, tokenization, batching, decoding, JSON
+    loop_before = _cpu_seconds(server_pid, server_pid)
     server_before, begin = _cpu_seconds(server_pid), time.perf_counter()
     output = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 120, check=True).stdout
     # (requests/s counts the 200 responses over the generator's wall time, its warm-up included)
     wall = time.perf_counter() - begin
     server_cpu = _cpu_seconds(server_pid) - server_before
+    loop_cpu = _cpu_seconds(server_pid, server_pid) - loop_before
     after_children = resource.getrusage(resource.RUSAGE_CHILDREN)
     generator_cpu = (after_children.ru_utime - before_children.ru_utime) + (after_children.ru_stime -
                                                                               before_children.ru_stime)
@@ -248,6 +252,7 @@ def hey(port: int, route: str, body: dict, clients: int, seconds: float, server_
     seconds_each = np.array([float(r[0]) for r in rows if r[6] == "200"])
     row["requests_per_s"] = len(seconds_each) / wall
     row["responses"] = len(rows)
+    row["event_loop_cpu_ms_per_request"] = 1000 * loop_cpu / max(len(rows), 1)
     for percentile in (50, 95, 99):
         row[f"p{percentile}_ms"] = 1000 * float(np.percentile(seconds_each, percentile)) if len(seconds_each) else None
     row["status"] = {}
@@ -338,9 +343,11 @@ def summarize(result: dict[str, Any]) -> list[dict[str, Any]]:
                            share_target=0.85 if long else 0.90,
                            p99_over_p50=many["p99_ms"] / many["p50_ms"] if many.get("p99_ms") and many.get("p50_ms")
                            else None,
-                           generator_cpu_share=many["generator_cpu_share"])
+                           generator_cpu_share=many["generator_cpu_share"],
+                           loop_cpu_ms_32=many.get("event_loop_cpu_ms_per_request"))
             if one:
-                row.update(p50_1=one.get("p50_ms"), overhead_ms=(one.get("p50_ms") or 0) - engine["batch1_p50_ms"])
+                row.update(p50_1=one.get("p50_ms"), overhead_ms=(one.get("p50_ms") or 0) - engine["batch1_p50_ms"],
+                           loop_cpu_ms_1=one.get("event_loop_cpu_ms_per_request"))
             if many and peer32:
                 row.update(naive_rps_32=peer32["requests_per_s"],
                            vs_naive=many["requests_per_s"] / max(peer32["requests_per_s"], 1e-9),
@@ -356,8 +363,8 @@ def _f(value: float | None, spec: str = ".1f") -> str:
 def report_markdown(result: dict[str, Any]) -> str:
     """The docs table: per workload and precision, the issue's figures beside their targets."""
     lines = ["| workload | precision | engine best req/s (one pass / passes in parallel) | berth req/s @32 | share (target) | p50 @1 ms (engine b1 + "
-             "overhead) | p99/p50 @32 | naive req/s @32 | × naive (target) | hey CPU share |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "overhead) | p99/p50 @32 | naive req/s @32 | × naive (target) | hey CPU share | event loop CPU ms/request @1 / @32 |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in result["summary"]:
         lines.append(
             f"| {row['workload']} | {row['precision']} | {_f(row['engine_best_rps'])} "
@@ -366,7 +373,8 @@ def report_markdown(result: dict[str, Any]) -> str:
             f"{_f(row.get('p50_1'))} ({_f(row['engine_batch1_p50_ms'])} + {_f(row.get('overhead_ms'))}) | "
             f"{_f(row.get('p99_over_p50'), '.2f')} | {_f(row.get('naive_rps_32'))} | "
             f"{_f(row.get('vs_naive'), '.1f')}× (≥{_f(row.get('vs_naive_target'), '.0f')}×) | "
-            f"{_f(100 * row.get('generator_cpu_share', float('nan')), '.0f')}% |")
+            f"{_f(100 * row.get('generator_cpu_share', float('nan')), '.0f')}% | "
+            f"{_f(row.get('loop_cpu_ms_1'), '.2f')} / {_f(row.get('loop_cpu_ms_32'), '.2f')} |")
     load = [result.get("load_average_start"), result.get("load_average_end")]
     lines.append(f"\nGenerator: {result.get('generator', 'hey')}; load average at start / end: {load[0]} / {load[1]}.")
     return "\n".join(lines)

@@ -9,6 +9,7 @@ from fastapi import FastAPI
 
 from berth import __version__
 from service.errors import install_error_handlers
+from service.fastpath import FastPath
 from service.middleware import RequestGuard
 from service.playground import install_playground
 from service.routes import probes, v1
@@ -41,6 +42,7 @@ def create_app(settings: ServiceSettings | None = None, runtime: Runtime | None 
     app.include_router(probes)
     if settings.playground:
         install_playground(app)
+    app.add_middleware(FastPath, router=v1)  # inside the guard: the body is read and checked already
     app.add_middleware(RequestGuard, metrics=runtime.metrics, max_body_bytes=settings.max_body_bytes,
                        api_key=settings.api_key.get_secret_value() if settings.api_key else None,
                        max_concurrent=settings.max_concurrent_requests,

@@ -17,7 +17,9 @@ The batcher is a small state machine (after text-embeddings-inference's `queue.r
 
 Its loop, while not STOPPED:
 
-    IDLE     queue empty: sleep until an item arrives.
+    IDLE     queue empty: sleep until an item arrives. Items that find the batcher idle (nothing running or
+             prepared, no other request for the model being tokenized) are taken by a plain event-loop callback,
+             after whatever else is ready to run, without waking this loop: one hop less on the one-client path.
     FILLING  only while requests for this model are being tokenized (`expect`) and no pass runs: wait for their
              items until the budget is full or the oldest item's t0 + max_wait has passed. With nothing known to
              be coming, a take starts at once: an idle server adds no wait.
@@ -35,7 +37,8 @@ Its loop, while not STOPPED:
              independent single-threaded passes keep both cores busy without waiting on each other (measured
              1.2-1.7x the items/s of one 2-thread pass on 2 cores, docs/SERVICE.md). With `pipeline`, items that
              arrive while every worker is busy are taken and padded into the next take, which starts the moment
-             a worker is free: one take ahead, never more.
+             a worker is free: one take ahead, never more. A finished take is answered by its future's callback on
+             the event loop, at once; the loop is woken only when it has more to start.
 
 Each item's lifecycle: QUEUED -> DROPPED (cancelled | expired | shutdown) or BATCHED -> done/failed.
 An item too long for the model or for the token budget is refused at admission (ItemTooLarge), so nothing
@@ -46,6 +49,7 @@ between) the batcher reports itself unhealthy, and /readyz turns 503 until a pas
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import threading
@@ -221,6 +225,8 @@ class Batcher:
         self._requests: deque[_RequestQueue] = deque()  # round-robin order of requests with queued items
         self._depth = 0  # QUEUED items
         self._incoming = 0  # requests being tokenized for this model right now (their items are coming)
+        self._filling = False  # the loop is waiting for those items (FILLING)
+        self._start_pending = False  # submit scheduled `_start_if_idle`
         self._state = BatcherState.ACCEPTING
         self._wakeup: asyncio.Event | None = None
         self._loop_ref: asyncio.AbstractEventLoop | None = None
@@ -310,7 +316,7 @@ class Batcher:
     def expect(self, delta: int) -> None:
         """A request for this model started (+1) or ended (-1) tokenizing: the batch may wait for it."""
         self._incoming = max(0, self._incoming + delta)
-        if delta < 0 and self._wakeup is not None:
+        if delta < 0 and self._filling and self._wakeup is not None:
             self._wakeup.set()
 
     def submit(self, items: Sequence[ModelItem], deadline: float) -> list[asyncio.Future]:
@@ -349,8 +355,26 @@ class Batcher:
         self._depth += count
         self._metrics.queue_depth.labels(self.model).set(self._depth)
         if self._wakeup is not None:
-            self._wakeup.set()
+            if self._idle() and not self._start_pending:
+                # Nothing runs: start the take from a plain callback rather than by waking the loop task. It runs
+                # after what is ready on the event loop now, so requests that arrived together still go together.
+                self._start_pending = True
+                loop.call_soon(self._start_if_idle)
+            elif not self._start_pending:
+                self._wakeup.set()
         return futures
+
+    def _idle(self) -> bool:
+        """No take running or prepared and the loop not FILLING."""
+        return not self._running and self._ahead is None and not self._filling and self._state is BatcherState.ACCEPTING
+
+    def _start_if_idle(self) -> None:
+        self._start_pending = False
+        take = self._take_now() if self._idle() and self._incoming == 0 else None
+        if take is not None:
+            self._start(take)
+        elif self._wakeup is not None:  # more is coming (FILLING decides how long to wait) or a take runs already
+            self._wakeup.set()
 
     def _reject(self, count: int, reason: str) -> None:
         self._metrics.items_rejected.labels(self.model, reason).inc(count)
@@ -384,17 +408,16 @@ class Batcher:
     # -- the loop ------------------------------------------------------------------------------
 
     async def _loop(self) -> None:
-        """IDLE / FILLING / TAKING as the module says; RUNNING in the worker threads. A take starts as soon as a
-        worker is free (up to `parallel` at once). With `pipeline`, while every worker is busy, the next take is
-        taken and padded as items arrive (topped up to the budget until a worker frees): one take ahead."""
+        """IDLE / FILLING / TAKING as the module says; RUNNING in the worker threads, whose takes are answered by
+        their futures' callbacks (`_finished`), not by this task. A take starts as soon as a worker is free (up to
+        `parallel` at once). With `pipeline`, while every worker is busy, the next take is taken and padded as
+        items arrive (topped up to the budget until a worker frees): one take ahead."""
         assert self._wakeup is not None
         running = self._running
         while True:
-            for future in [f for f in running if f.done()]:
-                self._answer(running.pop(future), future)
             if self._ahead is not None and len(running) < self.parallel:  # prepared ahead: start it at once
                 take, self._ahead = self._ahead, None
-                running[self._launch(take)] = take
+                self._start(take)
                 continue
             oldest = self._oldest_queued()
             if running:
@@ -404,11 +427,7 @@ class Batcher:
                 if oldest is not None and self.policy.pipeline and self._top_up():
                     continue
                 self._wakeup.clear()
-                waiter = asyncio.ensure_future(self._wakeup.wait())
-                try:
-                    await asyncio.wait({*running, waiter}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    waiter.cancel()
+                await self._wakeup.wait()  # an item arrived or a take finished
                 continue
             if oldest is None:  # IDLE
                 if self._state is not BatcherState.ACCEPTING:
@@ -417,15 +436,19 @@ class Batcher:
                 await self._wakeup.wait()
                 continue
             fill_until = oldest + self.policy.max_wait_s  # FILLING, only while more is known to be coming
-            while self._state is BatcherState.ACCEPTING and self._incoming > 0 and not self._batch_full():
-                remaining = fill_until - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._wakeup.clear()
-                try:
-                    await asyncio.wait_for(self._wakeup.wait(), remaining)
-                except TimeoutError:
-                    break
+            self._filling = True
+            try:
+                while self._state is BatcherState.ACCEPTING and self._incoming > 0 and not self._batch_full():
+                    remaining = fill_until - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._wakeup.clear()
+                    try:
+                        await asyncio.wait_for(self._wakeup.wait(), remaining)
+                    except TimeoutError:
+                        break
+            finally:
+                self._filling = False
             self._ahead = self._take_now()  # TAKING
         self._state = BatcherState.STOPPED
 
@@ -468,6 +491,20 @@ class Batcher:
         narrow = self._run_narrow is not None and (bool(self._running) or self._depth > 0 or self._slots.busy > 0)
         loop = asyncio.get_running_loop()
         return loop.run_in_executor(self._executor, self._compute, take, started, narrow)
+
+    def _start(self, take: _Take) -> None:
+        running = self._launch(take)
+        self._running[running] = take
+        running.add_done_callback(functools.partial(self._finished, take))
+
+    def _finished(self, take: _Take, running: asyncio.Future) -> None:
+        """A take's passes ended (event loop thread): answer its items at once, then wake the loop for the next take.
+        A take that close() already failed is no longer in `_running` and is not answered twice."""
+        if self._running.pop(running, None) is not None:
+            self._answer(take, running)
+        if self._wakeup is not None and (self._depth > 0 or self._ahead is not None
+                                         or self._state is not BatcherState.ACCEPTING):
+            self._wakeup.set()
 
     def _answer(self, take: _Take, running: asyncio.Future) -> None:
         """Hand each item of a finished take its rows, or its error."""

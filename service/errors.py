@@ -118,40 +118,42 @@ def validation_message(detail: list[dict[str, Any]]) -> str:
     return f"{where}: {first['msg']}{more}"
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(ServiceError)
-    async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
+def response_for(exc: Exception, request: Request) -> JSONResponse:
+    """The error response for anything an endpoint raised: the one mapping FastAPI's exception handlers and
+    the fast path (service/fastpath.py) share."""
+    if isinstance(exc, ServiceError):
         return error_response(exc)
-
-    @app.exception_handler(BatcherError)
-    async def _batcher_error(request: Request, exc: BatcherError) -> JSONResponse:
+    if isinstance(exc, BatcherError):
         return error_response(from_batcher(exc))
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    if isinstance(exc, RequestValidationError):
         detail = _clean_validation_detail(list(exc.errors()))
         message = validation_message(detail)
         content_type = request.headers.get("content-type", "")
         if request.method == "POST" and "json" not in content_type:
             message = f"send the body as JSON with Content-Type: application/json (got {content_type!r}); {message}"
         return error_response(ServiceError(ErrorType.VALIDATION, message, detail=detail))
+    if isinstance(exc, StarletteHTTPException):
+        return error_response(_from_http(exc, request))
+    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return error_response(ServiceError(ErrorType.INTERNAL, "internal error; see the server log"))
 
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        if exc.status_code == 404:
-            error = ServiceError(ErrorType.NOT_FOUND, f"no route {request.url.path}")
-        elif exc.status_code == 405:
-            error = ServiceError(ErrorType.VALIDATION, f"method {request.method} not allowed on {request.url.path}",
-                                 status=405)
-        elif exc.status_code == 413:
-            error = ServiceError(ErrorType.TOO_LARGE, str(exc.detail))
-        elif exc.status_code < 500:
-            error = ServiceError(ErrorType.VALIDATION, str(exc.detail), status=exc.status_code)
-        else:
-            error = ServiceError(ErrorType.INTERNAL, "internal error", status=exc.status_code)
-        return error_response(error)
 
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return error_response(ServiceError(ErrorType.INTERNAL, "internal error; see the server log"))
+def _from_http(exc: StarletteHTTPException, request: Request) -> ServiceError:
+    if exc.status_code == 404:
+        return ServiceError(ErrorType.NOT_FOUND, f"no route {request.url.path}")
+    if exc.status_code == 405:
+        return ServiceError(ErrorType.VALIDATION, f"method {request.method} not allowed on {request.url.path}",
+                            status=405)
+    if exc.status_code == 413:
+        return ServiceError(ErrorType.TOO_LARGE, str(exc.detail))
+    if exc.status_code < 500:
+        return ServiceError(ErrorType.VALIDATION, str(exc.detail), status=exc.status_code)
+    return ServiceError(ErrorType.INTERNAL, "internal error", status=exc.status_code)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    async def handle(request: Request, exc: Exception) -> JSONResponse:
+        return response_for(exc, request)
+
+    for raised in (ServiceError, BatcherError, RequestValidationError, StarletteHTTPException, Exception):
+        app.add_exception_handler(raised, handle)

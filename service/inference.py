@@ -54,14 +54,11 @@ class Timings:
         return ", ".join(f"{name};dur={seconds * 1000:.3f}" for name, seconds in stages)
 
 
-class _ClientGone(Exception):
-    pass
-
-
-async def infer(request: Request, runtime: Runtime, handler: TaskHandler, body: Any,
+async def infer(request: Request, handler: TaskHandler, body: Any,
                 payload_shape: Callable[[str, list[Any]], dict[str, Any]] | None = None) -> Response:
     """`payload_shape(model name, results)` replaces the `{"model", "results"}` body (e.g. OpenAI's shape)."""
     started = time.perf_counter()
+    runtime: Runtime = request.app.state.runtime
     received = request.scope.get("state", {}).get(STARTED_AT, started)
     model = runtime.resolve(body.model, handler.task)
     request.state.berth_model = model.name
@@ -71,11 +68,21 @@ async def infer(request: Request, runtime: Runtime, handler: TaskHandler, body: 
 
     timeout = runtime.settings.request_timeout_s
     deadline = time.monotonic() + timeout
-    work = asyncio.ensure_future(_compute(model, handler, inputs, body, deadline, runtime))
+    this = asyncio.current_task()
+    assert this is not None
+    watcher = asyncio.ensure_future(_cancel_when_gone(request.receive, this))
     try:
-        results, timings = await _until_done_or_gone(request.receive, work, timeout)
-    except _ClientGone:
-        return Response(status_code=CLIENT_GONE_STATUS)
+        async with asyncio.timeout(timeout):
+            results, timings = await _compute(model, handler, inputs, body, deadline, runtime)
+    except TimeoutError:
+        raise ServiceError(ErrorType.TIMEOUT, f"not answered within {timeout:g} s (request_timeout_s)") from None
+    except asyncio.CancelledError:
+        client_left = watcher.done() and not watcher.cancelled()  # the watcher ends only when it cancelled us
+        if client_left and this.uncancel() == 0:  # and nobody else cancelled: nobody reads this answer
+            return Response(status_code=CLIENT_GONE_STATUS)
+        raise
+    finally:
+        watcher.cancel()
     timings.parse_s = started - received
     begin = time.perf_counter()
     body_out = payload_shape(model.name, results) if payload_shape else {"model": model.name, "results": results}
@@ -212,27 +219,10 @@ async def _maybe_in_thread(pool: Executor | None, fn: Callable[[], Any]) -> Any:
     return await asyncio.get_running_loop().run_in_executor(pool, fn) if pool is not None else fn()
 
 
-async def _until_done_or_gone(receive: Callable[[], Awaitable[dict]], work: asyncio.Future,
-                              timeout: float) -> tuple[list[Any], Timings]:
-    """The work's result, unless the timeout passes first (504) or the client disconnects."""
-    gone = asyncio.ensure_future(_wait_for_disconnect(receive))
-    try:
-        async with asyncio.timeout(timeout):
-            done, _ = await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
-    except TimeoutError:
-        raise ServiceError(ErrorType.TIMEOUT, f"not answered within {timeout:g} s (request_timeout_s)") from None
-    finally:
-        gone.cancel()
-        if not work.done():
-            work.cancel()
-    if work in done:
-        return work.result()
-    raise _ClientGone()
-
-
-async def _wait_for_disconnect(receive: Callable[[], Awaitable[dict]]) -> None:
+async def _cancel_when_gone(receive: Callable[[], Awaitable[dict]], request_task: asyncio.Task) -> None:
+    """Cancel the request's task when its client disconnects (its queued items are then dropped, not computed)."""
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
+            request_task.cancel()
             return
-

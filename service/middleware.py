@@ -66,7 +66,8 @@ class RequestGuard:
                 counted = True
             if scope["method"] in BODY_METHODS:
                 try:
-                    body = await asyncio.wait_for(self._read_body(scope, receive), self.body_read_timeout_s)
+                    async with asyncio.timeout(self.body_read_timeout_s):  # no task per request, as wait_for makes
+                        body = await self._read_body(scope, receive)
                 except TimeoutError:
                     slow = ServiceError(ErrorType.TIMEOUT, f"request body not received within "
                                         f"{self.body_read_timeout_s:g} s (body_read_timeout_s)", status=408)

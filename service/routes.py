@@ -42,32 +42,34 @@ RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 
 
 # The API key is checked once, in the ASGI middleware (service/middleware.py), before the body is read.
+# Every POST route of v1 is an inference endpoint `(body, request)`: service/fastpath.py calls it directly for
+# JSON bodies, FastAPI for anything else (both run the same endpoint, so they answer alike).
 v1 = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
 
 
 @v1.post("/classify", response_model=ClassifyResponse, summary="Single-text classification (or regression)")
-async def classify(body: ClassifyRequest, request: Request, runtime: RuntimeDep) -> Response:
+async def classify(body: ClassifyRequest, request: Request) -> Response:
     """One result per input, in input order: `{label, score, truncated}`; with `top_k` the ranked list."""
-    return await infer(request, runtime, HANDLERS["classification"], body)
+    return await infer(request, HANDLERS["classification"], body)
 
 
 @v1.post("/pair", response_model=ClassifyResponse, summary="Sentence-pair classification or regression")
-async def pair(body: PairRequest, request: Request, runtime: RuntimeDep) -> Response:
+async def pair(body: PairRequest, request: Request) -> Response:
     """`{label, score, truncated}` per pair (regression models: `{score, truncated}`)."""
-    return await infer(request, runtime, HANDLERS["pair"], body)
+    return await infer(request, HANDLERS["pair"], body)
 
 
 @v1.post("/ner", response_model=NERResponse, summary="Named entities with character offsets")
-async def named_entities(body: NERRequest, request: Request, runtime: RuntimeDep) -> Response:
-    return await infer(request, runtime, HANDLERS["ner"], body)
+async def named_entities(body: NERRequest, request: Request) -> Response:
+    return await infer(request, HANDLERS["ner"], body)
 
 
 named_entities.__doc__ = "A list of `{entity, text, start, end, score}` per input. " + OFFSETS_NOTE
 
 
 @v1.post("/qa", response_model=QAResponse, summary="Extractive question answering over contexts of any length")
-async def question_answering(body: QARequest, request: Request, runtime: RuntimeDep) -> Response:
-    return await infer(request, runtime, HANDLERS["qa"], body)
+async def question_answering(body: QARequest, request: Request) -> Response:
+    return await infer(request, HANDLERS["qa"], body)
 
 
 question_answering.__doc__ = ("`{answer, start, end, score, is_impossible}` per question (a ranked list with "
@@ -75,8 +77,8 @@ question_answering.__doc__ = ("`{answer, start, end, score, is_impossible}` per 
 
 
 @v1.post("/embed", response_model=EmbedResponse, summary="Sentence embeddings, or token vectors with offsets")
-async def embed(body: EmbedRequest, request: Request, runtime: RuntimeDep) -> Response:
-    return await infer(request, runtime, HANDLERS["embedding"], body)
+async def embed(body: EmbedRequest, request: Request) -> Response:
+    return await infer(request, HANDLERS["embedding"], body)
 
 
 embed.__doc__ = ("`{embedding, truncated}` per input (pooled as the model was trained; L2-normalized by default); "
@@ -85,29 +87,29 @@ embed.__doc__ = ("`{embedding, truncated}` per input (pooled as the model was tr
 
 
 @v1.post("/embeddings", response_model=EmbeddingsResponse, summary="OpenAI-compatible embeddings")
-async def openai_embeddings(body: EmbeddingsRequest, request: Request, runtime: RuntimeDep) -> Response:
+async def openai_embeddings(body: EmbeddingsRequest, request: Request) -> Response:
     """OpenAI's shape: `{object: list, data: [{object: embedding, index, embedding}], model, usage}`; unit
     vectors; `encoding_format` float or base64 (little-endian float32). Errors keep berth's shape."""
-    return await infer(request, runtime, OPENAI_EMBEDDINGS, body, payload_shape=openai_payload)
+    return await infer(request, OPENAI_EMBEDDINGS, body, payload_shape=openai_payload)
 
 
 @v1.post("/similarity", response_model=SimilarityResponse, summary="Cosine similarity of a source with targets")
-async def similarity(body: SimilarityRequest, request: Request, runtime: RuntimeDep) -> Response:
+async def similarity(body: SimilarityRequest, request: Request) -> Response:
     """Per input, the cosine of `source` with each of `targets`, from the same embeddings as /v1/embed."""
-    return await infer(request, runtime, SIMILARITY, body)
+    return await infer(request, SIMILARITY, body)
 
 
 @v1.post("/fill-mask", response_model=FillMaskResponse, summary="Top-k tokens for each [MASK]")
-async def fill_mask(body: FillMaskRequest, request: Request, runtime: RuntimeDep) -> Response:
+async def fill_mask(body: FillMaskRequest, request: Request) -> Response:
     """`[{score, token, token_str, sequence}]` per input (a list per [MASK] when there are several), as
     transformers' fill-mask pipeline. 422 when an input has no [MASK]."""
-    return await infer(request, runtime, HANDLERS["fill-mask"], body)
+    return await infer(request, HANDLERS["fill-mask"], body)
 
 
 @v1.post("/choice", response_model=ChoiceResponse, summary="Multiple choice: rank the choices for a context")
-async def choice(body: ChoiceRequest, request: Request, runtime: RuntimeDep) -> Response:
+async def choice(body: ChoiceRequest, request: Request) -> Response:
     """Per input, its choices `{index, choice, score, truncated}`, most probable first (softmax over them)."""
-    return await infer(request, runtime, HANDLERS["multiple-choice"], body)
+    return await infer(request, HANDLERS["multiple-choice"], body)
 
 
 @v1.get("/models", summary="The served models")
