@@ -223,6 +223,18 @@ def _cpu_seconds(pid: int, thread: int | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _machine_cpu() -> list[int]:
+    """The machine's CPU time by state (/proc/stat: user nice system idle iowait irq softirq steal ...)."""
+    return [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+
+
+def _steal_share(before: list[int], after: list[int]) -> float:
+    """The share of the machine's CPU time the hypervisor gave to other guests in between (a VM's noise:
+    throughput measured at different moments is comparable only at a similar steal share)."""
+    spent = [b - a for a, b in zip(before, after)]
+    return spent[7] / max(sum(spent), 1) if len(spent) > 7 else 0.0
+
+
 def hey(port: int, route: str, body: dict, clients: int, seconds: float, server_pid: int, work: Path
         ) -> dict[str, Any]:
     """One closed-loop level: `clients` connections for `seconds`; throughput, latency percentiles,
@@ -235,19 +247,21 @@ def hey(port: int, route: str, body: dict, clients: int, seconds: float, server_
     before_children = resource.getrusage(resource.RUSAGE_CHILDREN)
     # the server's main thread runs its event loop: HTTP, validation, tokenization, batching, decoding, JSON
     loop_before = _cpu_seconds(server_pid, server_pid)
+    machine_before = _machine_cpu()
     server_before, begin = _cpu_seconds(server_pid), time.perf_counter()
     output = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 120, check=True).stdout
     # (requests/s counts the 200 responses over the generator's wall time, its warm-up included)
     wall = time.perf_counter() - begin
     server_cpu = _cpu_seconds(server_pid) - server_before
     loop_cpu = _cpu_seconds(server_pid, server_pid) - loop_before
+    steal = _steal_share(machine_before, _machine_cpu())
     after_children = resource.getrusage(resource.RUSAGE_CHILDREN)
     generator_cpu = (after_children.ru_utime - before_children.ru_utime) + (after_children.ru_stime -
                                                                               before_children.ru_stime)
     cores = os.cpu_count() or 1
     row: dict[str, Any] = {"clients": clients, "seconds": seconds, "wall_s": round(wall, 2),
                            "generator_cpu_share": generator_cpu / (wall * cores),
-                           "server_cpu_share": server_cpu / (wall * cores)}
+                           "server_cpu_share": server_cpu / (wall * cores), "steal_share": steal}
     rows = [line.split(",") for line in output.splitlines()[1:] if line.count(",") >= 7]
     seconds_each = np.array([float(r[0]) for r in rows if r[6] == "200"])
     row["requests_per_s"] = len(seconds_each) / wall
@@ -344,7 +358,8 @@ def summarize(result: dict[str, Any]) -> list[dict[str, Any]]:
                            p99_over_p50=many["p99_ms"] / many["p50_ms"] if many.get("p99_ms") and many.get("p50_ms")
                            else None,
                            generator_cpu_share=many["generator_cpu_share"],
-                           loop_cpu_ms_32=many.get("event_loop_cpu_ms_per_request"))
+                           loop_cpu_ms_32=many.get("event_loop_cpu_ms_per_request"),
+                           steal_engine=engine.get("steal_share"), steal_32=many.get("steal_share"))
             if one:
                 row.update(p50_1=one.get("p50_ms"), overhead_ms=(one.get("p50_ms") or 0) - engine["batch1_p50_ms"],
                            loop_cpu_ms_1=one.get("event_loop_cpu_ms_per_request"))
@@ -356,6 +371,10 @@ def summarize(result: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def _pct(share: float | None) -> float | None:
+    return None if share is None else 100 * share
+
+
 def _f(value: float | None, spec: str = ".1f") -> str:
     return "–" if value is None else format(value, spec)
 
@@ -363,8 +382,8 @@ def _f(value: float | None, spec: str = ".1f") -> str:
 def report_markdown(result: dict[str, Any]) -> str:
     """The docs table: per workload and precision, the issue's figures beside their targets."""
     lines = ["| workload | precision | engine best req/s (one pass / passes in parallel) | berth req/s @32 | share (target) | p50 @1 ms (engine b1 + "
-             "overhead) | p99/p50 @32 | naive req/s @32 | × naive (target) | hey CPU share | event loop CPU ms/request @1 / @32 |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "overhead) | p99/p50 @32 | naive req/s @32 | × naive (target) | hey CPU share | event loop CPU ms/request @1 / @32 | CPU stolen engine / @32 |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in result["summary"]:
         lines.append(
             f"| {row['workload']} | {row['precision']} | {_f(row['engine_best_rps'])} "
@@ -374,7 +393,8 @@ def report_markdown(result: dict[str, Any]) -> str:
             f"{_f(row.get('p99_over_p50'), '.2f')} | {_f(row.get('naive_rps_32'))} | "
             f"{_f(row.get('vs_naive'), '.1f')}× (≥{_f(row.get('vs_naive_target'), '.0f')}×) | "
             f"{_f(100 * row.get('generator_cpu_share', float('nan')), '.0f')}% | "
-            f"{_f(row.get('loop_cpu_ms_1'), '.2f')} / {_f(row.get('loop_cpu_ms_32'), '.2f')} |")
+            f"{_f(row.get('loop_cpu_ms_1'), '.2f')} / {_f(row.get('loop_cpu_ms_32'), '.2f')} | "
+            f"{_f(_pct(row.get('steal_engine')), '.0f')}% / {_f(_pct(row.get('steal_32')), '.0f')}% |")
     load = [result.get("load_average_start"), result.get("load_average_end")]
     lines.append(f"\nGenerator: {result.get('generator', 'hey')}; load average at start / end: {load[0]} / {load[1]}.")
     return "\n".join(lines)
@@ -476,7 +496,9 @@ def measure_workload(result: dict[str, Any], args: argparse.Namespace, name: str
 
     items = request_inputs(bundle, load_tokenizer(bundle.tokenizer_path), load["route"], load["body"])
     result["workloads"][name] = {"route": load["route"], "model_inputs": len(items), "tokens": [len(i) for i in items]}
+    before = _machine_cpu()
     figures = engine_figures(bundle, items, args.threads, args.batch_sizes, args.engine_seconds)
+    figures["steal_share"] = _steal_share(before, _machine_cpu())
     result["engine"].setdefault(name, {})[precision] = figures
     print(f"engine {precision} {name}: batch-1 {figures['batch1_p50_ms']:.2f} ms, best "
           f"{figures['best_requests_per_s']:.1f} req/s at {figures['best_batch']} requests/batch (one pass "
@@ -505,7 +527,9 @@ def _save(result: dict[str, Any], out: Path) -> None:
 def _print_level(system: str, precision: str, name: str, row: dict[str, Any]) -> None:
     print(f"{system} {precision} {name} c={row['clients']}: {_f(row['requests_per_s'])} req/s, p50 "
           f"{_f(row.get('p50_ms'))} p99 {_f(row.get('p99_ms'))} ms, status {row['status']}, hey CPU "
-          f"{100 * row['generator_cpu_share']:.0f}%, server CPU {100 * row['server_cpu_share']:.0f}%", flush=True)
+          f"{100 * row['generator_cpu_share']:.0f}%, server CPU {100 * row['server_cpu_share']:.0f}%, event loop "
+          f"{_f(row.get('event_loop_cpu_ms_per_request'), '.2f')} ms/request, stolen {100 * row['steal_share']:.0f}%",
+          flush=True)
 
 
 def _hey_version() -> str:

@@ -222,6 +222,7 @@ class Batcher:
         self._threads, self._narrow_threads = threads, narrow_threads
         self.parallel = max(1, self._slots.units // narrow_threads) if run_narrow is not None else 1
         self._metrics = metrics
+        self._per_model = metrics.for_model(model)
         self._requests: deque[_RequestQueue] = deque()  # round-robin order of requests with queued items
         self._depth = 0  # QUEUED items
         self._incoming = 0  # requests being tokenized for this model right now (their items are coming)
@@ -353,7 +354,7 @@ class Batcher:
         if request.items:
             self._requests.append(request)
         self._depth += count
-        self._metrics.queue_depth.labels(self.model).set(self._depth)
+        self._per_model.queue_depth.set(self._depth)
         if self._wakeup is not None:
             if self._idle() and not self._start_pending:
                 # Nothing runs: start the take from a plain callback rather than by waking the loop task. It runs
@@ -393,7 +394,7 @@ class Batcher:
             return
         item.state = ItemState.DROPPED
         self._depth -= 1
-        self._metrics.queue_depth.labels(self.model).set(self._depth)
+        self._per_model.queue_depth.set(self._depth)
         self._metrics.items_dropped.labels(self.model, reason).inc()
         if not item.future.done():
             item.future.set_exception(Expired("the request timed out in the queue") if reason == "expired"
@@ -487,7 +488,7 @@ class Batcher:
             take.prepare(self.policy)
         started = time.monotonic()
         for item in take.items:
-            self._metrics.queue_wait.labels(self.model).observe(started - item.enqueued_at)
+            self._per_model.queue_wait.observe(started - item.enqueued_at)
         narrow = self._run_narrow is not None and (bool(self._running) or self._depth > 0 or self._slots.busy > 0)
         loop = asyncio.get_running_loop()
         return loop.run_in_executor(self._executor, self._compute, take, started, narrow)
@@ -515,7 +516,7 @@ class Batcher:
         outputs, timings, started, seconds = running.result()
         # passes still running ran beside this one: the model's rate (for Retry-After) is about that many times its own
         self._throughput.update(len(take.items) * max(1, len(self._running) + 1), seconds)
-        self._metrics.model_ready.labels(self.model).set(1 if self.healthy else 0)
+        self._per_model.model_ready.set(1 if self.healthy else 0)
         for item, out, (run_id, pass_seconds, pad_seconds, finished_at) in zip(take.items, outputs, timings):
             if item.future.done():
                 continue
@@ -581,7 +582,7 @@ class Batcher:
             stalled = 0
             self._requests.rotate(-1)
         self._depth -= len(taken)
-        self._metrics.queue_depth.labels(self.model).set(self._depth)
+        self._per_model.queue_depth.set(self._depth)
         return taken
 
     # -- the worker thread ---------------------------------------------------------------------
@@ -640,10 +641,10 @@ class Batcher:
             self._run_counter += 1
             run_id = self._run_counter
         if record:
-            self._metrics.inference_duration.labels(self.model).observe(seconds)
-            self._metrics.batch_size.labels(self.model).observe(len(batch.members))
-            self._metrics.batch_tokens.labels(self.model).observe(len(batch.members) * batch.width)
-            self._metrics.items_inferred.labels(self.model).inc(len(batch.members))
+            self._per_model.inference_duration.observe(seconds)
+            self._per_model.batch_size.observe(len(batch.members))
+            self._per_model.batch_tokens.observe(len(batch.members) * batch.width)
+            self._per_model.items_inferred.inc(len(batch.members))
         for i, row in zip(batch.members, rows):
             outputs[i] = row
             timings[i] = (run_id, seconds, pad_seconds, finished)

@@ -7,6 +7,9 @@ route templates, status codes, fixed reasons). docs/SERVICE.md has the table of 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -18,6 +21,20 @@ DROP_REASONS = ("cancelled", "expired", "shutdown")  # an admitted item not comp
 REJECT_REASONS = ("queue_full", "not_accepting", "too_large")  # an item refused at admission
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+@dataclass(frozen=True, slots=True)
+class ModelMetrics:
+    """One model's children of the metrics its batcher updates per item or pass (bound once: `labels()` on every
+    update was ~5% of the event loop's time under load)."""
+
+    queue_depth: Any
+    queue_wait: Any
+    model_ready: Any
+    inference_duration: Any
+    batch_size: Any
+    batch_tokens: Any
+    items_inferred: Any
 
 
 class Metrics:
@@ -75,6 +92,9 @@ class Metrics:
             self.items_dropped.labels(model, reason)
         for reason in REJECT_REASONS:
             self.items_rejected.labels(model, reason)
+
+    def for_model(self, model: str) -> ModelMetrics:
+        return ModelMetrics(*(getattr(self, name).labels(model) for name in ModelMetrics.__slots__))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

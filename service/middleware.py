@@ -40,6 +40,7 @@ class RequestGuard:
         self.in_flight = 0
         self.body_read_timeout_s = body_read_timeout_s
         self.retry_after_s = retry_after_s
+        self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}  # the request metrics' labelled children
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -134,8 +135,12 @@ class RequestGuard:
             return
         state: dict[str, Any] = scope.get("state") or {}
         model = str(state.get("berth_model", ""))
-        self.metrics.requests.labels(route, model, str(status)).inc()
-        self.metrics.request_duration.labels(route, model).observe(seconds)
+        children = self._children.get((route, model, status))
+        if children is None:  # bounded: route templates x models x status codes
+            children = self._children[(route, model, status)] = (
+                self.metrics.requests.labels(route, model, str(status)), self.metrics.request_duration.labels(route, model))
+        children[0].inc()
+        children[1].observe(seconds)
 
 
 def _match_route(scope: Scope) -> str | None:
