@@ -206,6 +206,7 @@ def load_model(bundle: Bundle, settings: ServiceSettings, metrics: Metrics, intr
         min_retry_after_s=settings.retry_after_s,
         pad_multiple=None if engine.provider == CUDA else settings.pad_multiple,  # GPUs: few shapes; CPUs: few pads
         table=batch_table(settings.batch_table, name),
+        pass_tokens=None if engine.provider == CUDA else settings.cpu_pass_tokens or None,
         max_consecutive_failures=settings.max_consecutive_failures,
         pipeline=settings.pipeline,
     )

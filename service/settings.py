@@ -40,10 +40,14 @@ class ServiceSettings(BaseModel):
     )
     pad_multiple: int = Field(8, ge=1, description="on the CPU a batch is padded to its longest item, rounded up "
                                                    "to a multiple of this")
+    cpu_pass_tokens: int = Field(
+        1024, ge=0, description="on the CPU without a batch_table: padded tokens (items x width) of one forward pass; "
+                                "more items go to another pass (past ~1,000 tokens a larger CPU batch only adds "
+                                "latency, docs/SERVICE.md). 0: max_batch_size and max_batch_tokens alone")
     batch_table: Path | None = Field(
         None, description="measured batch sizes (`python -m bench.batch_table`): a JSON file for every model, or a "
                           "folder of <model name>.json; a pass at a given padded length takes the table's best batch "
-                          "size (capped by max_batch_size). Without one: max_batch_size at every length")
+                          "size (capped by max_batch_size). Without one: cpu_pass_tokens on the CPU, max_batch_size on CUDA")
     pipeline: bool = Field(True, description="take and pad the next batch while the current forward pass runs")
     max_queue_items: int = Field(2048, ge=1, description="items waiting per model; beyond, 429 + Retry-After")
     retry_after_s: int = Field(1, ge=1, description="the least Retry-After on 429/503, in seconds")

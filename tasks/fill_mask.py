@@ -33,7 +33,7 @@ def decode_fill_mask(tokenizer: Tokenizer, encoded: EncodedInput, positions: lis
     """`logits` is (T, V) for this input. One mask: a list of top_k candidates; several: one list per mask."""
     probs = softmax(np.asarray(logits, dtype=np.float32)[positions])  # (M, V)
     top_k = min(top_k, probs.shape[-1])
-    best = np.argsort(-probs, axis=-1, kind="stable")[:, :top_k]  # (M, k)
+    best = [top_indices(row, top_k) for row in probs]  # (M, k)
     pad_id = tokenizer.token_to_id(PAD)
     single = len(positions) == 1
     rows = []
@@ -48,6 +48,14 @@ def decode_fill_mask(tokenizer: Tokenizer, encoded: EncodedInput, positions: lis
                         "sequence": tokenizer.decode(ids, skip_special_tokens=single)})
         rows.append(row)
     return rows[0] if single else rows
+
+
+def top_indices(scores: np.ndarray, k: int) -> np.ndarray:
+    """The indices of the k largest scores, highest first, ties by lower index: what a stable argsort of -scores
+    gives, without sorting the whole vocabulary (a full sort was ~2 ms per [MASK] on the event loop)."""
+    kth = np.partition(scores, scores.size - k)[scores.size - k]
+    candidates = np.flatnonzero(scores >= kth)  # the top k and any ties with the k-th
+    return candidates[np.lexsort((candidates, -scores[candidates]))][:k]
 
 
 class FillMaskOptions(BaseModel):

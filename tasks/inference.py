@@ -70,6 +70,8 @@ class BatchShape:
     max_batch_tokens: int = 8192  # padded tokens (items x width) of one pass
     pad_multiple: int | None = None  # CPU: pad to the longest item rounded up to this; None: to its bucket (GPU)
     table: BatchTable | None = field(default=None)  # measured batch size per width, capped by max_batch_size
+    # CPU: padded tokens of one pass past which a larger batch only adds latency (without a measured table)
+    pass_tokens: int | None = None
 
     def width_for(self, length: int) -> int | None:
         """The padded width of a batch whose longest item has `length` tokens; None when too long."""
@@ -80,9 +82,14 @@ class BatchShape:
         return self.buckets[bisect_left(self.buckets, length)]
 
     def batch_size_for(self, width: int) -> int:
-        """Most items in one pass at this width: the measured table's choice, never above max_batch_size."""
-        limit = self.max_batch_size if self.table is None else min(self.max_batch_size,
-                                                                   self.table.best_batch_size(width))
+        """Most items in one pass at this width: the measured table's choice (else as many as `pass_tokens`
+        allows, at least one), never above max_batch_size."""
+        if self.table is not None:
+            limit = min(self.max_batch_size, self.table.best_batch_size(width))
+        elif self.pass_tokens:
+            limit = min(self.max_batch_size, max(1, self.pass_tokens // max(width, 1)))
+        else:
+            limit = self.max_batch_size
         return max(1, min(limit, self.max_batch_tokens // max(width, 1)))
 
     def fits(self, count: int, longest: int) -> bool:

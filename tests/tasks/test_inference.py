@@ -46,6 +46,20 @@ def test_a_measured_table_sets_the_batch_size_per_width(tmp_path):
     assert sorted(len(b.members) for b in batches) == [1, 2, 2, 4, 16]
 
 
+def test_a_pass_token_budget_sets_the_batch_size_per_width_on_the_cpu():
+    shape = BatchShape([512], max_batch_size=32, max_batch_tokens=8192, pad_multiple=8, pass_tokens=1024)
+    assert shape.batch_size_for(24) == 32  # 1024 // 24 = 42, capped by max_batch_size
+    assert shape.batch_size_for(120) == 8
+    assert shape.batch_size_for(384) == 2
+    assert shape.batch_size_for(512) == 2 and not shape.fits(3, 500)
+    assert shape.batch_size_for(1000) == 1  # one item always runs, however long
+    batches = plan_batches([120] * 20 + [24] * 40, shape)
+    assert sorted(len(b.members) for b in batches) == [4, 8, 8, 8, 32]
+    # a measured table takes precedence over the budget
+    table = BatchTable((16,), (4,))
+    assert BatchShape([512], pad_multiple=8, pass_tokens=1024, table=table).batch_size_for(16) == 4
+
+
 def test_each_item_gets_its_own_rows_in_the_order_given(tokenizer):
     texts = ["Short.", "A much longer sentence about ships and harbours at dawn, and more.", "Mid length one here."] * 5
     items = [encode(tokenizer, t) for t in texts]
