@@ -357,17 +357,23 @@ def _export(model_folder: Path, bundle: Path, precision: str, automatic: bool, t
             examples: list | None) -> None:
     from export.bundle_builder import export_bundle
     from export.parity import ParityError
+    from export.precision import INT8_RECIPE_CHAIN
 
-    print(f"{tag}: exporting {precision}", flush=True)
-    try:
-        export_bundle(model_folder, bundle, precision=precision, example_inputs=examples)
-    except ParityError as error:
-        if not automatic or precision == "fp32":
-            raise
-        # A small demo model with near-tied logits can flip labels under int8/fp16; the bundle then
-        # ships in fp32 (exact parity) rather than not at all. An explicit --precision still fails.
-        print(f"{tag}: {precision} failed its parity gate, exporting fp32 instead:\n{error}", flush=True)
-        export_bundle(model_folder, bundle, precision="fp32", example_inputs=examples)
+    # Automatic int8 tries each recipe of the chain (less drift, less speed-up down the chain) before fp32.
+    recipes = INT8_RECIPE_CHAIN if automatic and precision == "int8" else (None,)
+    for recipe in recipes:
+        print(f"{tag}: exporting {precision}" + (f" (int8 recipe {recipe})" if recipe else ""), flush=True)
+        try:
+            export_bundle(model_folder, bundle, precision=precision, example_inputs=examples, int8_recipe=recipe)
+            return
+        except ParityError as error:
+            if not automatic or precision == "fp32":
+                raise
+            print(f"{tag}: {precision}{f' ({recipe})' if recipe else ''} failed its parity gate:\n{error}", flush=True)
+    # A small demo model with near-tied logits can flip labels under int8/fp16; the bundle then
+    # ships in fp32 (exact parity) rather than not at all. An explicit --precision still fails.
+    print(f"{tag}: exporting fp32 instead", flush=True)
+    export_bundle(model_folder, bundle, precision="fp32", example_inputs=examples)
 
 
 def _record_quality(bundle: Path, quality: dict) -> None:

@@ -22,6 +22,7 @@ off the event loop.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +43,19 @@ class Phase(StrEnum):
     READY = "ready"
     DRAINING = "draining"
     FAILED = "failed"
+
+
+GC_YOUNG_THRESHOLD = 10_000  # allocations between young collections (CPython's default: 700)
+
+
+def tune_garbage_collector() -> None:
+    """Once the models are loaded. What exists then (the app, the sessions' wrappers, the tokenizers) lives as long
+    as the process: frozen, the cyclic collector no longer walks it, and a full collection under load costs ~3 ms
+    instead of ~26 ms of event loop. Requests leave few cycles, so young collections can be rarer. Measured under
+    hey, 32 clients, 20 s (docs/SERVICE.md): collector time 680 ms -> 59 ms."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
 
 
 class Runtime:
@@ -105,6 +119,7 @@ class Runtime:
             self.failure = f"{type(error).__name__}: {error}"
             self.phase = Phase.FAILED
             return
+        tune_garbage_collector()
         self.phase = Phase.READY
         log.info("all %d model(s) ready in %.1f s", len(self.models), time.perf_counter() - started)
 

@@ -256,3 +256,27 @@ def test_cli_writes_example_inputs_and_refuses_bad_ones_before_exporting(finetun
     assert berth_main(["export", str(finetuned["pair"]), "--out", str(tmp_path / "pair"), "--examples", str(good),
                        *common]) == 0
     assert load_bundle(tmp_path / "pair").examples == examples
+
+
+def test_build_defaults_tries_the_int8_recipe_chain_before_fp32(finetuned, repository, capsys):
+    """Automatic int8 (build-defaults) on a model the default recipe fails (a fresh NER head: near-tied tokens):
+    the next recipe of the chain is tried, and what ships is what that recipe's own export gives."""
+    from berth.build_defaults import _export as build_export
+    from export.precision import DEFAULT_RECIPE, INT8_RECIPE_CHAIN
+
+    assert INT8_RECIPE_CHAIN[0] == DEFAULT_RECIPE and len(INT8_RECIPE_CHAIN) > 1
+    fallback = INT8_RECIPE_CHAIN[1]
+    try:
+        export_bundle(finetuned["ner"], repository / "ner-fallback", "int8", int8_recipe=fallback)
+        expected = ("int8", fallback)
+    except parity.ParityError:
+        expected = ("fp32", None)
+    out = repository / "ner-chain"
+    build_export(finetuned["ner"], out, "int8", True, "ner", None)
+    bundle = load_bundle(out)
+    assert (bundle.precision, (bundle.optimization.get("int8") or {}).get("recipe")) == expected
+    printed = capsys.readouterr().out
+    assert f"int8 ({DEFAULT_RECIPE}) failed its parity gate" in printed
+    assert f"exporting int8 (int8 recipe {fallback})" in printed
+    with pytest.raises(parity.ParityError):  # an explicit --precision int8 is not replaced by anything
+        build_export(finetuned["ner"], repository / "ner-explicit", "int8", False, "ner", None)
