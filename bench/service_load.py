@@ -294,8 +294,9 @@ def naive_peer(checkpoint: Path, task: str, threads: int, work: Path):
 
 def export_precisions(repository: Path, precisions: list[str], work: Path, threads: int) -> dict[str, Path]:
     """`work/<precision>/<name>`: each bundle of `repository` exported again in each precision from the
-    fine-tuned checkpoint its manifest names (once; an existing bundle is kept). An int8 export that fails its
-    gate leaves that task out of the int8 repository (the benchmark says so)."""
+    fine-tuned checkpoint its manifest names (once; an existing bundle is kept; int8 with the source bundle's own
+    recipe when it is int8). An int8 export that fails its gate leaves that task out of the int8 repository (the
+    benchmark says so)."""
     from export.bundle_builder import export_bundle
     from export.parity import ParityError
     from tasks.bundle import find_bundles, load_bundle
@@ -308,10 +309,12 @@ def export_precisions(repository: Path, precisions: list[str], work: Path, threa
             checkpoint = Path(bundle.source.get("checkpoint", ""))
             if (target / folder.name / "bundle.json").is_file() or not (checkpoint / "config.json").is_file():
                 continue
+            # an int8 bundle is exported again with its own recipe (build-defaults may have chosen a later one)
+            recipe = (bundle.optimization.get("int8") or {}).get("recipe") if precision == "int8" else None
             print(f"exporting {folder.name} ({bundle.task}) as {precision} from {checkpoint}", flush=True)
             try:
                 export_bundle(checkpoint, target / folder.name, precision=precision, task=bundle.task,
-                              threads=threads, prefer_gpu=False)
+                              threads=threads, prefer_gpu=False, int8_recipe=recipe)
             except ParityError as error:
                 print(f"{folder.name}: {precision} failed its gate, left out:\n{error}", flush=True)
         out[precision] = target
