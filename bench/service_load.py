@@ -400,7 +400,24 @@ def report_markdown(result: dict[str, Any]) -> str:
             f"{_f(_pct(row.get('steal_engine')), '.0f')}% / {_f(_pct(row.get('steal_32')), '.0f')}% |")
     load = [result.get("load_average_start"), result.get("load_average_end")]
     lines.append(f"\nGenerator: {result.get('generator', 'hey')}; load average at start / end: {load[0]} / {load[1]}.")
-    return "\n".join(lines)
+    return "\n".join(lines + int8_markdown(result["summary"]))
+
+
+def int8_markdown(summary: list[dict[str, Any]]) -> list[str]:
+    """int8 against fp32 per workload that has both (engine and service), or nothing."""
+    by = {(row["workload"], row["precision"]): row for row in summary}
+    pairs = [(by[(w, "fp32")], row) for (w, precision), row in by.items() if precision == "int8" and (w, "fp32") in by]
+    if not pairs:
+        return []
+    lines = ["", "| workload | engine best req/s fp32 → int8 | × | engine batch-1 ms fp32 → int8 | berth req/s @32 fp32 → "
+             "int8 | × |", "|---|---|---|---|---|---|"]
+    for fp32, int8 in pairs:
+        service = [fp32.get("rps_32"), int8.get("rps_32")]
+        ratio = service[1] / service[0] if None not in service else None
+        lines.append(f"| {int8['workload']} | {_f(fp32['engine_best_rps'])} → {_f(int8['engine_best_rps'])} | "
+                     f"{int8['engine_best_rps'] / fp32['engine_best_rps']:.2f} | {_f(fp32['engine_batch1_p50_ms'])} → "
+                     f"{_f(int8['engine_batch1_p50_ms'])} | {_f(service[0])} → {_f(service[1])} | {_f(ratio, '.2f')} |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

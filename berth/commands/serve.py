@@ -29,8 +29,9 @@ FLAG_NAMES = {  # the flags' short names; every other setting is --its-name
 }
 GROUPS = {
     "what to serve, where": ["models", "model_names", "host", "port", "device", "warmup", "playground"],
-    "dynamic batching (per model)": ["max_batch_size", "max_batch_tokens", "max_wait_ms", "cpu_pass_tokens", "batch_table", "pipeline",
-                                     "length_buckets", "pad_multiple", "max_queue_items", "retry_after_s"],
+    "dynamic batching (per model)": ["max_batch_size", "max_batch_tokens", "max_wait_ms", "cpu_pass_tokens",
+                                     "batch_table", "pipeline", "length_buckets", "pad_multiple", "max_queue_items",
+                                     "retry_after_s"],
     "request limits": ["max_inputs_per_request", "max_chars_per_input", "max_chars_per_request",
                        "max_tokens_per_request", "max_items_per_request", "max_answer_length_cap",
                        "max_concurrent_requests", "body_read_timeout_s", "max_body_bytes", "request_timeout_s",
