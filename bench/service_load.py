@@ -244,6 +244,7 @@ def hey(port: int, route: str, body: dict, clients: int, seconds: float, server_
     # -o csv: one row per response, so percentiles are ours (hey's summary omits p99 below 100 responses).
     command = ["hey", "-z", f"{seconds}s", "-c", str(clients), "-t", "30", "-m", "POST", "-T", "application/json",
                "-D", str(payload), "-o", "csv", f"http://127.0.0.1:{port}{ROUTE[route]}"]
+    passes_before = _passes(port)
     before_children = resource.getrusage(resource.RUSAGE_CHILDREN)
     # the server's main thread runs its event loop: HTTP, validation, tokenization, batching, decoding, JSON
     loop_before = _cpu_seconds(server_pid, server_pid)
@@ -272,7 +273,27 @@ def hey(port: int, route: str, body: dict, clients: int, seconds: float, server_
     row["status"] = {}
     for r in rows:
         row["status"][r[6]] = row["status"].get(r[6], 0) + 1
+    passes_after = _passes(port)
+    if passes_before and passes_after and passes_after[1] > passes_before[1]:  # berth only: the peer has no metrics
+        count = passes_after[1] - passes_before[1]
+        row["passes_per_s"] = count / wall
+        row["mean_items_per_pass"] = (passes_after[0] - passes_before[0]) / count
     return row
+
+
+def _passes(port: int) -> tuple[float, float] | None:
+    """(items, forward passes) so far, from the server's berth_batch_size histogram (all models); None without it."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except (OSError, ValueError):
+        return None
+    totals = {"berth_batch_size_sum": 0.0, "berth_batch_size_count": 0.0}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in totals:
+            totals[name] += float(line.rsplit(" ", 1)[1])
+    return totals["berth_batch_size_sum"], totals["berth_batch_size_count"]
 
 
 def serve_repository(repository: Path, threads: int, work: Path, serve_args: list[str]):
@@ -353,7 +374,8 @@ def summarize(result: dict[str, Any]) -> list[dict[str, Any]]:
             row = {"workload": name, "precision": precision,
                    "engine_best_rps": engine["best_requests_per_s"], "engine_batch1_p50_ms": engine["batch1_p50_ms"],
                    "engine_one_pass_rps": engine.get("one_pass_best_requests_per_s", engine["best_requests_per_s"]),
-                   "engine_parallel_rps": engine.get("parallel_best_requests_per_s")}
+                   "engine_parallel_rps": engine.get("parallel_best_requests_per_s"),
+                   "engine_best_items_per_pass": engine["best_batch"] * engine.get("items_per_request", 1)}
             if many:
                 row.update(rps_32=many["requests_per_s"], p50_32=many.get("p50_ms"), p99_32=many.get("p99_ms"),
                            share_of_engine=many["requests_per_s"] / engine["best_requests_per_s"],
@@ -362,7 +384,8 @@ def summarize(result: dict[str, Any]) -> list[dict[str, Any]]:
                            else None,
                            generator_cpu_share=many["generator_cpu_share"],
                            loop_cpu_ms_32=many.get("event_loop_cpu_ms_per_request"),
-                           steal_engine=engine.get("steal_share"), steal_32=many.get("steal_share"))
+                           steal_engine=engine.get("steal_share"), steal_32=many.get("steal_share"),
+                           items_per_pass_32=many.get("mean_items_per_pass"))
             if one:
                 row.update(p50_1=one.get("p50_ms"), overhead_ms=(one.get("p50_ms") or 0) - engine["batch1_p50_ms"],
                            loop_cpu_ms_1=one.get("event_loop_cpu_ms_per_request"))
@@ -385,8 +408,8 @@ def _f(value: float | None, spec: str = ".1f") -> str:
 def report_markdown(result: dict[str, Any]) -> str:
     """The docs table: per workload and precision, the issue's figures beside their targets."""
     lines = ["| workload | precision | engine best req/s (one pass / passes in parallel) | berth req/s @32 | share (target) | p50 @1 ms (engine b1 + "
-             "overhead) | p99/p50 @32 | naive req/s @32 | × naive (target) | hey CPU share | event loop CPU ms/request @1 / @32 | CPU stolen engine / @32 |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "overhead) | p99/p50 @32 | naive req/s @32 | × naive (target) | hey CPU share | event loop CPU ms/request @1 / @32 | CPU stolen engine / @32 | items per pass @32 (engine's best) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in result["summary"]:
         lines.append(
             f"| {row['workload']} | {row['precision']} | {_f(row['engine_best_rps'])} "
@@ -397,7 +420,8 @@ def report_markdown(result: dict[str, Any]) -> str:
             f"{_f(row.get('vs_naive'), '.1f')}× (≥{_f(row.get('vs_naive_target'), '.0f')}×) | "
             f"{_f(100 * row.get('generator_cpu_share', float('nan')), '.0f')}% | "
             f"{_f(row.get('loop_cpu_ms_1'), '.2f')} / {_f(row.get('loop_cpu_ms_32'), '.2f')} | "
-            f"{_f(_pct(row.get('steal_engine')), '.0f')}% / {_f(_pct(row.get('steal_32')), '.0f')}% |")
+            f"{_f(_pct(row.get('steal_engine')), '.0f')}% / {_f(_pct(row.get('steal_32')), '.0f')}% | "
+            f"{_f(row.get('items_per_pass_32'))} ({_f(row.get('engine_best_items_per_pass'), '.0f')}) |")
     load = [result.get("load_average_start"), result.get("load_average_end")]
     lines.append(f"\nGenerator: {result.get('generator', 'hey')}; load average at start / end: {load[0]} / {load[1]}.")
     return "\n".join(lines + int8_markdown(result["summary"]))
@@ -548,8 +572,8 @@ def _print_level(system: str, precision: str, name: str, row: dict[str, Any]) ->
     print(f"{system} {precision} {name} c={row['clients']}: {_f(row['requests_per_s'])} req/s, p50 "
           f"{_f(row.get('p50_ms'))} p99 {_f(row.get('p99_ms'))} ms, status {row['status']}, hey CPU "
           f"{100 * row['generator_cpu_share']:.0f}%, server CPU {100 * row['server_cpu_share']:.0f}%, event loop "
-          f"{_f(row.get('event_loop_cpu_ms_per_request'), '.2f')} ms/request, stolen {100 * row['steal_share']:.0f}%",
-          flush=True)
+          f"{_f(row.get('event_loop_cpu_ms_per_request'), '.2f')} ms/request, stolen {100 * row['steal_share']:.0f}%, "
+          f"{_f(row.get('mean_items_per_pass'))} items per pass", flush=True)
 
 
 def _hey_version() -> str:
