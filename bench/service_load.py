@@ -283,16 +283,18 @@ def hey(port: int, route: str, body: dict, clients: int, seconds: float, server_
 
 def _passes(port: int) -> tuple[float, float] | None:
     """(items, forward passes) so far, from the server's berth_batch_size histogram (all models); None without it."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
             text = response.read().decode()
     except (OSError, ValueError):
         return None
     totals = {"berth_batch_size_sum": 0.0, "berth_batch_size_count": 0.0}
-    for line in text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in totals:
-            totals[name] += float(line.rsplit(" ", 1)[1])
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in totals:
+                totals[sample.name] += sample.value
     return totals["berth_batch_size_sum"], totals["berth_batch_size_count"]
 
 

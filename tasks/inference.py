@@ -84,13 +84,11 @@ class BatchShape:
     def batch_size_for(self, width: int) -> int:
         """Most items in one pass at this width: the measured table's choice (else as many as `pass_tokens`
         allows, at least one), never above max_batch_size."""
-        if self.table is not None:
-            limit = min(self.max_batch_size, self.table.best_batch_size(width))
-        elif self.pass_tokens:
-            limit = min(self.max_batch_size, max(1, self.pass_tokens // max(width, 1)))
-        else:
-            limit = self.max_batch_size
-        return max(1, min(limit, self.max_batch_tokens // max(width, 1)))
+        limit = self.max_batch_size if self.table is None else min(self.max_batch_size,
+                                                                   self.table.best_batch_size(width))
+        tokens = min(self.max_batch_tokens, self.pass_tokens) if self.pass_tokens and self.table is None \
+            else self.max_batch_tokens
+        return max(1, min(limit, tokens // max(width, 1)))
 
     def fits(self, count: int, longest: int) -> bool:
         """Could `count` items whose longest has `longest` tokens run in one pass?"""
