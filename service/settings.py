@@ -65,11 +65,39 @@ class ServiceSettings(BaseModel):
     max_answer_length_cap: int = Field(
         64, ge=1, description="the largest max_answer_length (tokens) a QA request may ask for (else 422)")
     max_concurrent_requests: int = Field(
-        256, ge=1, description="/v1 requests in progress at once; beyond, 503 + Retry-After before the body is read")
+        256, ge=1, description="/v1 requests in progress at once (counted once the body has arrived); beyond, "
+                               "429 + Retry-After")
+    max_body_reads: int = Field(
+        64, ge=1, description="/v1 requests whose body is still arriving at once; beyond, 429 + Retry-After")
     body_read_timeout_s: float = Field(
         10.0, gt=0, description="seconds to receive a request body; beyond, 408")
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="seconds a connection may take to send a request's headers (also between "
+                                "requests, with keep_alive_timeout_s the shorter one for an idle connection); "
+                                "beyond, the connection is closed")
+    keep_alive_timeout_s: float = Field(
+        5.0, gt=0, description="seconds an idle keep-alive connection stays open")
+    max_connections: int = Field(
+        1024, ge=1, description="open connections at once; a connection beyond is answered 503 and closed")
+    max_response_bytes: int = Field(
+        32 * 1024 * 1024, ge=1024, description="estimated JSON bytes of one request's answer, checked after "
+                                               "tokenizing and before any inference (else 413)")
+    max_inflight_response_bytes: int = Field(
+        256 * 1024 * 1024, ge=1024, description="estimated bytes of the answers of all requests in progress; a "
+                                                "request beyond gets 429 + Retry-After (413 when it alone is larger)")
+    max_masks_per_input: int = Field(
+        16, ge=1, description="[MASK] tokens in one fill-mask input (else 413)")
     max_consecutive_failures: int = Field(
-        5, ge=1, description="failed forward passes in a row after which a model reports not ready (/readyz 503)")
+        5, ge=1, description="failed forward passes in a row after which a model reports not ready (/readyz 503); "
+                             "an input that fails alone on a pass that others of its batch passed does not count")
+    canary_interval_s: float = Field(
+        5.0, gt=0, description="seconds between canary passes (a warm-up shape) on a model marked not ready; one "
+                               "that succeeds makes it ready again")
+    pass_timeout_s: float = Field(
+        60.0, gt=0, description="a forward pass running longer is terminated (watchdog): its items fail with 500, "
+                                "its compute slots are freed, and it counts as a failure of the model")
+    ready_models: list[str] | None = Field(
+        None, description="models that must be ready for /readyz to answer 200 (default: every model served)")
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="request body size in bytes (else 413)")
     request_timeout_s: float = Field(30.0, gt=0, description="seconds to answer a request; beyond, 504")
     tokenize_in_thread_chars: int = Field(
@@ -78,7 +106,11 @@ class ServiceSettings(BaseModel):
 
     # -- security and logs
     api_key: SecretStr | None = Field(None, description="when set, /v1 routes need `Authorization: Bearer <key>`; "
-                                                      "an empty key is refused at start")
+                                                      "surrounding whitespace (a file's trailing newline) is "
+                                                      "stripped; an empty key is refused at start")
+    bundle_public_key: Path | None = Field(
+        None, description="an Ed25519 public key (PEM, `berth sign-bundle --new-key`): every bundle must carry a "
+                          "signature made with its private key, else the server refuses to start")
     log_json: bool = Field(False, description="one JSON object per log line")
     log_level: str = Field("info", description="debug | info | warning | error")
     playground: bool = Field(True, description="serve the playground page at / (false: 404, for locked-down "
@@ -118,7 +150,7 @@ class ServiceSettings(BaseModel):
             raise ValueError("length_buckets needs at least one positive length")
         return sorted(set(value))
 
-    @field_validator("model_names", mode="before")
+    @field_validator("model_names", "ready_models", mode="before")
     @classmethod
     def _empty_is_none(cls, value: Any) -> Any:
         return None if value in ("", [], ()) else value
@@ -126,10 +158,16 @@ class ServiceSettings(BaseModel):
     @field_validator("api_key")
     @classmethod
     def _no_empty_key(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and not value.get_secret_value().strip():
+        if value is None:
+            return None
+        key = value.get_secret_value().strip()  # `kubectl create secret --from-file` keeps an editor's newline
+        if not key:
             raise ValueError("BERTH_API_KEY is set but empty: an empty key would let `Authorization: Bearer ` in. "
                              "Unset BERTH_API_KEY to serve without authentication, or set a non-empty key")
-        return value
+        if any(ch.isspace() or not ch.isprintable() for ch in key):
+            raise ValueError("BERTH_API_KEY contains whitespace or control characters inside it; an HTTP header "
+                             "cannot carry them, so no client could send it")
+        return SecretStr(key)
 
     @model_validator(mode="after")
     def _budget_fits_a_sequence(self) -> ServiceSettings:

@@ -25,7 +25,7 @@ from service.settings import ENV_PREFIX, ServiceSettings
 FLAG_NAMES = {  # the flags' short names; every other setting is --its-name
     "model_names": "--model", "max_inputs_per_request": "--max-inputs", "max_chars_per_input": "--max-chars",
     "request_timeout_s": "--request-timeout", "intra_op_threads": "--threads", "drain_delay_s": "--drain-delay",
-    "shutdown_timeout_s": "--shutdown-timeout",
+    "shutdown_timeout_s": "--shutdown-timeout", "ready_models": "--ready-model",
 }
 GROUPS = {
     "what to serve, where": ["models", "model_names", "host", "port", "device", "warmup", "playground"],
@@ -34,14 +34,20 @@ GROUPS = {
                                      "retry_after_s"],
     "request limits": ["max_inputs_per_request", "max_chars_per_input", "max_chars_per_request",
                        "max_tokens_per_request", "max_items_per_request", "max_answer_length_cap",
-                       "max_concurrent_requests", "body_read_timeout_s", "max_body_bytes", "request_timeout_s",
-                       "tokenize_in_thread_chars", "max_consecutive_failures"],
+                       "max_concurrent_requests", "max_body_reads", "body_read_timeout_s", "max_body_bytes",
+                       "request_timeout_s", "tokenize_in_thread_chars", "max_response_bytes",
+                       "max_inflight_response_bytes", "max_masks_per_input"],
+    "connections": ["header_timeout_s", "keep_alive_timeout_s", "max_connections"],
+    "health and trust": ["max_consecutive_failures", "canary_interval_s", "pass_timeout_s", "ready_models",
+                         "bundle_public_key"],
     "ONNX Runtime and threads": ["intra_op_threads", "parallel_passes", "tokenizer_threads", "ort_spinning",
                                  "ort_spin_in_pass"],
     "logs and shutdown": ["log_level", "log_json", "drain_delay_s", "shutdown_timeout_s"],
 }
 OPTIONS = {  # --model NAME, repeated (as before), not a comma-separated list
     "model_names": {"action": "append", "metavar": "NAME", "help": "serve only this bundle (repeat for several)"},
+    "ready_models": {"action": "append", "metavar": "NAME",
+                     "help": "this model must be ready for /readyz to answer 200 (repeat for several; default: all)"},
 }
 NOT_FLAGS = ["api_key"]  # read from BERTH_API_KEY only, so it never shows in a process listing
 
