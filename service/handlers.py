@@ -19,7 +19,9 @@ from tasks import embedding
 from tasks.classification import InputTooLong
 from tasks.definition import InputFailed, ItemOutputs, Prepared, TaskDefinition
 from tasks.fill_mask import NoMask
+from tasks.inference import Keep
 from tasks.registry import DEFINITIONS
+from tasks.tokenizer import truncation
 
 Outputs = list[ItemOutputs]  # one dict of output rows per model item
 
@@ -67,6 +69,17 @@ class TaskHandler:
         except InputFailed as failed:
             raise refusal(failed.error, f"inputs[{failed.index}]", body) from None
 
+    def check_prepared(self, model: ServedModel, prepared: list[Prepared], body: Any, settings: Any) -> None:
+        """What the route refuses once the inputs are tokenized (a ServiceError naming the input); nothing by default."""
+
+    def keep(self, model: ServedModel, body: Any) -> Keep:
+        """What each item keeps of its forward pass for this request (tasks/inference.py `Keep`)."""
+        return self.definition.keep(model.tokenizer, model.spec, body)
+
+    def response_bytes(self, model: ServedModel, prepared: list[Prepared], body: Any) -> int:
+        """An upper estimate of the answer's JSON bytes, before any inference (the byte budgets)."""
+        return sum(self.definition.response_bytes(model.spec, p, body) for p in prepared) + 256
+
     def finish(self, model: ServedModel, prepared: list[Prepared], outputs: list[Outputs], body: Any) -> list[Any]:
         return self.definition.decode(model.tokenizer, model.spec, prepared, outputs, body)
 
@@ -76,6 +89,24 @@ class QAHandler(TaskHandler):
         if body.max_answer_length > settings.max_answer_length_cap:
             raise ServiceError(ErrorType.VALIDATION, f"max_answer_length: {body.max_answer_length} tokens; the limit "
                                f"is {settings.max_answer_length_cap} (max_answer_length_cap)")
+
+    def check_prepared(self, model: ServedModel, prepared: list[Prepared], body: Any, settings: Any) -> None:
+        """A question longer than the model's max_query_length would be cut: refused instead, never cut silently."""
+        for index, p in enumerate(prepared):
+            if p.items and p.items[0].question_truncated:
+                limit = model.spec.max_query_length
+                raise ServiceError(ErrorType.TOO_LARGE, f"inputs[{index}].question: more than {limit} tokens; this "
+                                   f"model reads questions of at most {limit} tokens (its max_query_length); "
+                                   "shorten the question")
+
+
+class FillMaskHandler(TaskHandler):
+    def check_prepared(self, model: ServedModel, prepared: list[Prepared], body: Any, settings: Any) -> None:
+        for index, p in enumerate(prepared):
+            masks = len(p.state[1])
+            if masks > settings.max_masks_per_input:
+                raise ServiceError(ErrorType.TOO_LARGE, f"inputs[{index}]: {masks} [MASK] tokens; the limit is "
+                                   f"{settings.max_masks_per_input} per input (max_masks_per_input)")
 
 
 class ChoiceHandler(TaskHandler):
@@ -113,13 +144,27 @@ class OpenAIEmbeddingsHandler(EmbedHandler):
                                f"{size}-dimensional embeddings (shortening is not supported)")
         super().check_input(model, raw, body, index)
 
+    def prepare_checked(self, model: ServedModel, inputs: list[Any], body: EmbeddingsRequest) -> list[Prepared]:
+        """As OpenAI: an input longer than the model takes is a 400 naming it and its token count, unless the
+        request says `"truncate": true` (text-embeddings-inference's option), which cuts it and says so."""
+        try:
+            return self.definition.prepare_many(model.tokenizer, model.spec, inputs, body)
+        except InputFailed as failed:
+            if isinstance(failed.error, InputTooLong):
+                raise ServiceError(ErrorType.VALIDATION, f"input[{failed.index}]: this model's maximum context "
+                                   f"length is {failed.error.max_length} tokens, however the input is "
+                                   f"{failed.error.num_tokens} tokens; shorten it, or send \"truncate\": true to "
+                                   "cut it to fit", status=400) from None
+            raise refusal(failed.error, f"input[{failed.index}]", body) from None
+
     def finish(self, model, prepared, outputs, body: EmbeddingsRequest) -> list[Any]:
         vectors = self.definition.sentence_vectors(model.spec, [out[0] for out in outputs], True)
         results = []
         for index, (vector, p) in enumerate(zip(vectors, prepared)):
             value = (base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
                      if body.encoding_format == "base64" else vector.tolist())
-            results.append({"object": "embedding", "index": index, "embedding": value, "tokens": len(p.state)})
+            results.append({"object": "embedding", "index": index, "embedding": value, **truncation(p.state),
+                            "tokens": len(p.state) + p.state.dropped})  # usage: what was sent, cut or not
         return results
 
 
@@ -165,16 +210,30 @@ class SimilarityHandler(TaskHandler):
             prepared[index].items.extend(text.items)
         return prepared
 
+    def response_bytes(self, model: ServedModel, prepared: list[Prepared], body: Any) -> int:
+        return sum(32 * len(p.items) for p in prepared) + 256
+
     def finish(self, model, prepared, outputs, body) -> list[Any]:
+        """Per input: `{"scores", "truncated_tokens"}` (tokens cut from the source, then each target);
+        `similarity_payload` puts them in the response."""
         results = []
-        for out in outputs:
+        for p, out in zip(prepared, outputs):
             vectors = self.definition.sentence_vectors(model.spec, out, True)
-            results.append(embedding.cosine(vectors[0], vectors[1:]).tolist())
+            results.append({"scores": embedding.cosine(vectors[0], vectors[1:]).tolist(),
+                            "truncated_tokens": [item.dropped for item in p.items]})
         return results
 
 
+def similarity_payload(model_name: str, results: list[dict[str, Any]]) -> dict[str, Any]:
+    """`results` as before (the cosines per input) and, beside them, `truncated_tokens` per input: how many tokens
+    were cut from the source and from each target (all 0 when nothing was cut)."""
+    return {"model": model_name, "results": [r["scores"] for r in results],
+            "truncated_tokens": [r["truncated_tokens"] for r in results]}
+
+
 # Each task's own route; a task whose route needs more than the definition has its adapter class here.
-_ADAPTERS: dict[str, type[TaskHandler]] = {"qa": QAHandler, "multiple-choice": ChoiceHandler, "embedding": EmbedHandler}
+_ADAPTERS: dict[str, type[TaskHandler]] = {"qa": QAHandler, "multiple-choice": ChoiceHandler, "embedding": EmbedHandler,
+                                            "fill-mask": FillMaskHandler}
 HANDLERS: dict[str, TaskHandler] = {name: _ADAPTERS.get(name, TaskHandler)(definition)
                                     for name, definition in DEFINITIONS.items() if definition.route}
 OPENAI_EMBEDDINGS = OpenAIEmbeddingsHandler(DEFINITIONS["embedding"], "/v1/embeddings")

@@ -1,8 +1,14 @@
 """The one code path every /v1 inference request takes, whether `inputs` is one input or a list:
 
-    resolve the model -> check limits (characters) -> encode (in the tokenizer thread when large) ->
-    check budgets (items, tokens) -> submit all items to the model's batcher -> await them (or the
-    timeout, or the client leaving) -> decode (in the tokenizer thread when large) -> JSON (orjson)
+    resolve the model -> check limits (characters, and tokens by a lower bound) -> encode (in the tokenizer
+    thread when large) -> check budgets (items, tokens, the answer's estimated bytes) -> submit all items to
+    the model's batcher -> await them (or the timeout, or the client leaving) -> decode and JSON (orjson; both
+    in the tokenizer thread when the request or its answer is large)
+
+What a request holds is bounded before any inference: each item keeps only what its task needs of its
+forward pass (tasks/inference.py `Keep`, reduced in the pass's worker thread), and the answer's JSON bytes,
+estimated by the task, must fit `max_response_bytes` (else 413) and, with every other request in progress,
+`max_inflight_response_bytes` (else 429; 413 when the request alone is larger).
 
 A client that disconnects or a request that times out cancels its items' futures, so the batcher
 drops whatever of it is still queued instead of computing it. Every stage is timed and reported in
@@ -71,9 +77,20 @@ async def infer(request: Request, handler: TaskHandler, body: Any,
     this = asyncio.current_task()
     assert this is not None
     watcher = asyncio.ensure_future(_cancel_when_gone(request.receive, this))
+    reserved = Reservation(runtime)
     try:
         async with asyncio.timeout(timeout):
-            results, timings = await _compute(model, handler, inputs, body, deadline, runtime)
+            results, timings, pool = await _compute(model, handler, inputs, body, deadline, runtime, reserved)
+            timings.parse_s = started - received
+            begin = time.perf_counter()
+
+            def serialize() -> bytes:
+                shaped = payload_shape(model.name, results) if payload_shape else {"model": model.name,
+                                                                                   "results": results}
+                check_response(request, shaped)
+                return orjson.dumps(shaped, option=orjson.OPT_SERIALIZE_NUMPY)
+
+            payload = await _maybe_in_thread(pool, serialize)
     except TimeoutError:
         raise ServiceError(ErrorType.TIMEOUT, f"not answered within {timeout:g} s (request_timeout_s)") from None
     except asyncio.CancelledError:
@@ -83,11 +100,7 @@ async def infer(request: Request, handler: TaskHandler, body: Any,
         raise
     finally:
         watcher.cancel()
-    timings.parse_s = started - received
-    begin = time.perf_counter()
-    body_out = payload_shape(model.name, results) if payload_shape else {"model": model.name, "results": results}
-    check_response(request, body_out)
-    payload = orjson.dumps(body_out, option=orjson.OPT_SERIALIZE_NUMPY)
+        reserved.release()
     end = time.perf_counter()
     timings.serialize_s = end - begin
     total = end - received
@@ -151,6 +164,51 @@ def check_inputs(inputs: list[Any], handler: TaskHandler, settings: ServiceSetti
                                    f"at character {error.start})") from None
 
 
+class Reservation:
+    """A request's share of `max_inflight_response_bytes`, held from admission until its answer is serialized."""
+
+    def __init__(self, runtime: Runtime):
+        self.runtime = runtime
+        self.nbytes = 0
+
+    def take(self, nbytes: int) -> None:
+        settings = self.runtime.settings
+        if nbytes > settings.max_response_bytes:
+            raise ServiceError(ErrorType.TOO_LARGE, f"the answer would be about {_mib(nbytes)} of JSON; the limit "
+                               f"is {_mib(settings.max_response_bytes)} (max_response_bytes); send fewer inputs, a "
+                               "smaller top_k or fewer layers")
+        if nbytes > settings.max_inflight_response_bytes:
+            raise ServiceError(ErrorType.TOO_LARGE, f"the answer would be about {_mib(nbytes)} of JSON; the server "
+                               f"holds at most {_mib(settings.max_inflight_response_bytes)} of answers at once "
+                               "(max_inflight_response_bytes)")
+        held = self.runtime.response_bytes_in_flight
+        if held + nbytes > settings.max_inflight_response_bytes:
+            raise ServiceError(ErrorType.OVERLOADED, f"answers of {_mib(held)} are being computed; with this one "
+                               f"({_mib(nbytes)}) they would pass {_mib(settings.max_inflight_response_bytes)} "
+                               "(max_inflight_response_bytes)", retry_after=settings.retry_after_s)
+        self.runtime.response_bytes_in_flight = held + nbytes
+        self.nbytes = nbytes
+
+    def release(self) -> None:
+        self.runtime.response_bytes_in_flight -= self.nbytes
+        self.nbytes = 0
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.1f} MiB"
+
+
+# Answers estimated larger than this are decoded and serialized in the tokenizer thread, off the event loop.
+DECODE_IN_THREAD_BYTES = 256 * 1024
+
+
+def fewest_tokens(texts: Iterable[str]) -> int:
+    """A lower bound on the tokens of these texts as model inputs: each whitespace-separated word is at least one
+    token, and every text has [CLS] and [SEP]. A request over max_tokens_per_request by this bound is refused
+    before it is tokenized at all."""
+    return sum(len(text.split()) + 2 for text in texts)
+
+
 def check_budget(prepared: list[Any], settings: ServiceSettings) -> None:
     """The exact per-request budgets, after tokenizing and before any inference (413 naming the limit)."""
     items = sum(len(p.items) for p in prepared)
@@ -164,10 +222,16 @@ def check_budget(prepared: list[Any], settings: ServiceSettings) -> None:
 
 
 async def _compute(model: ServedModel, handler: TaskHandler, inputs: list[Any], body: Any, deadline: float,
-                   runtime: Runtime) -> tuple[list[Any], Timings]:
+                   runtime: Runtime, reserved: Reservation) -> tuple[list[Any], Timings, Executor | None]:
     settings = runtime.settings
     timings = Timings()
-    chars = sum(len(text) for raw in inputs for _, text in handler.texts(raw))
+    texts = [text for raw in inputs for _, text in handler.texts(raw)]
+    chars = sum(len(text) for text in texts)
+    if chars > settings.max_tokens_per_request:  # only then can the words alone pass the token budget
+        least = fewest_tokens(texts)
+        if least > settings.max_tokens_per_request:
+            raise ServiceError(ErrorType.TOO_LARGE, f"the request makes at least {least} tokens; the limit is "
+                               f"{settings.max_tokens_per_request} (max_tokens_per_request)")
     # Small requests are tokenized inline (a thread hop costs more than they do); large ones in the
     # tokenizer thread, where `encode_batch` releases the GIL and the event loop keeps serving.
     pool = runtime.tokenizer_pool if chars > settings.tokenize_in_thread_chars else None
@@ -179,9 +243,15 @@ async def _compute(model: ServedModel, handler: TaskHandler, inputs: list[Any], 
         prepared = await _maybe_in_thread(pool, lambda: handler.prepare(model, inputs, body))
         timings.tokenize_s = time.perf_counter() - begin
         check_budget(prepared, settings)
-        futures = model.batcher.submit([item for p in prepared for item in p.items], deadline)
+        handler.check_prepared(model, prepared, body, settings)
+        nbytes = handler.response_bytes(model, prepared, body)
+        reserved.take(nbytes)
+        futures = model.batcher.submit([item for p in prepared for item in p.items], deadline,
+                                       handler.keep(model, body))
     finally:
         model.batcher.expect(-1)
+    if pool is None and nbytes > DECODE_IN_THREAD_BYTES:
+        pool = runtime.tokenizer_pool
     runtime.metrics.request_inputs.labels(handler.route, model.name).inc(len(inputs))
     try:
         item_results = await asyncio.gather(*futures)
@@ -202,7 +272,7 @@ async def _compute(model: ServedModel, handler: TaskHandler, inputs: list[Any], 
     begin = time.perf_counter()
     results = await _maybe_in_thread(pool, lambda: handler.finish(model, prepared, outputs, body))
     timings.decode_s = time.perf_counter() - begin
-    return results, timings
+    return results, timings, pool
 
 
 def covered_seconds(intervals: Iterable[tuple[float, float]]) -> float:

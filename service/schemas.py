@@ -102,9 +102,9 @@ class EmbeddingsRequest(BaseModel):
     dimensions: int | None = Field(None, ge=1, description="must equal the model's size when given (no shortening)")
     user: str | None = Field(None, description="accepted and ignored")
 
-    @property
-    def truncate(self) -> bool:
-        return True
+    truncate: bool = Field(False, description="cut an input longer than the model's max_seq_length (the result says "
+                                              "\"truncated\": true and how many tokens were cut); false (OpenAI's "
+                                              "behaviour): such an input is refused with 400 naming it")
 
     @property
     def normalize(self) -> bool:
@@ -161,6 +161,7 @@ class Embedding(_Result):
     tokens: list[dict[str, Any]] | None = Field(None, description="tokens output: {token, start, end, embedding} per "
                                                                   "text token. " + OFFSETS_NOTE)
     truncated: bool = False
+    truncated_tokens: int = Field(0, description="tokens cut from the input (0 when it fit)")
 
 
 class EmbedResponse(_Result):
@@ -171,6 +172,9 @@ class EmbedResponse(_Result):
 class SimilarityResponse(_Result):
     model: str
     results: list[list[float]] = Field(description="per input: the cosine of source with each target, in order")
+    truncated_tokens: list[list[int]] = Field(description="per input: tokens cut from the source, then from each "
+                                                          "target (all 0 when every text fit; `truncate` false refuses "
+                                                          "a text that does not fit with 413)")
 
 
 class FilledToken(_Result):
@@ -192,6 +196,7 @@ class RankedChoice(_Result):
     choice: str
     score: float = Field(description="softmax probability over this input's choices")
     truncated: bool = False
+    truncated_tokens: int = Field(0, description="tokens cut from the context and this choice (0 when they fit)")
 
 
 class ChoiceResponse(_Result):
@@ -203,6 +208,7 @@ class Label(_Result):
     label: str | None = None
     score: float
     truncated: bool = False
+    truncated_tokens: int = Field(0, description="tokens cut from the input (0 when it fit)")
 
 
 class Entity(_Result):
@@ -243,10 +249,12 @@ class OpenAIEmbedding(_Result):
     index: int
     embedding: list[float] | str = Field(description="the unit vector, or with encoding_format base64 its "
                                                      "little-endian float32 bytes")
+    truncated: bool = Field(False, description="true only with \"truncate\": true and an input that did not fit")
+    truncated_tokens: int = Field(0, description="tokens cut from the input")
 
 
 class Usage(_Result):
-    prompt_tokens: int
+    prompt_tokens: int = Field(description="tokens of the inputs as sent (special tokens included), also those cut")
     total_tokens: int
 
 

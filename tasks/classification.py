@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 from tokenizers import Tokenizer
 
 from tasks.definition import InputFailed, Prepared, TaskDefinition, margin
-from tasks.tokenizer import EncodedInput, encode_many
+from tasks.tokenizer import EncodedInput, encode_many, truncation
 
 SINGLE_LABEL = "single_label_classification"
 MULTI_LABEL = "multi_label_classification"
@@ -255,12 +255,15 @@ class ClassificationTask(TaskDefinition):
                                              truncate=options.truncate)
         return [Prepared([item], truncated=item.truncated) for item in encoded]
 
+    def response_bytes(self, spec, prepared, options) -> int:
+        return 96 * max(1, min(options.top_k or 1, len(spec.labels) or 1)) + 64
+
     def decode(self, tokenizer, spec, prepared, outputs, options) -> list[Any]:
         logits = np.stack([out[0]["logits"] for out in outputs])  # (N, C)
         results = decode_classification(logits, spec.labels, options.top_k, spec.problem_type)
-        for result, item in zip(results, prepared):
+        for result, p in zip(results, prepared):
             for entry in result if isinstance(result, list) else [result]:
-                entry["truncated"] = item.truncated
+                entry.update(truncation(p.items[0]))
         return results
 
     def served_input(self, example: Any) -> Any:

@@ -25,6 +25,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 from tokenizers import Tokenizer
 
+from tasks.inference import Keep
+
 if TYPE_CHECKING:
     from tasks.spec import TaskSpec
 
@@ -106,9 +108,21 @@ class TaskDefinition:
                 raise InputFailed(index, error) from error
         return prepared
 
+    def keep(self, tokenizer: Tokenizer, spec: TaskSpec, options: Any) -> Keep:
+        """What each item keeps of its forward pass for `decode` with these options (the service runs it in the
+        pass's worker thread): every output, copied, by default. A task whose outputs are large overrides it to
+        ask for fewer outputs or reduce them there."""
+        return Keep(self.output_names)
+
+    def response_bytes(self, spec: TaskSpec, prepared: Prepared, options: Any) -> int:
+        """An upper estimate of the JSON bytes of one input's result (admission refuses what would pass the
+        service's byte budgets before any inference): a few hundred bytes by default."""
+        return 256 * max(1, len(prepared.items))
+
     def decode(self, tokenizer: Tokenizer, spec: TaskSpec, prepared: Sequence[Prepared],
                outputs: Sequence[Sequence[ItemOutputs]], options: Any) -> list[Any]:
-        """One result per input from all the inputs' item outputs (`outputs[i][k]`: input i, item k)."""
+        """One result per input from all the inputs' item outputs (`outputs[i][k]`: input i, item k), each what
+        `keep` made of the item's rows."""
         raise NotImplementedError(f"{self.name}: no decode")
 
     # -- evaluation: the served steps, then the metric ----------------------------------------------------
@@ -146,7 +160,9 @@ class TaskDefinition:
             prepared = self.prepare_many(tokenizer, spec, inputs, options)
         except InputFailed as failed:
             raise failed.error from None
-        flat = run([item for p in prepared for item in p.items], self.output_names, self.per_token)
+        items = [item for p in prepared for item in p.items]
+        keep = self.keep(tokenizer, spec, options)
+        flat = [keep(item, rows) for item, rows in zip(items, run(items, keep.names, self.per_token))]
         outputs, at = [], 0
         for p in prepared:
             outputs.append(flat[at : at + len(p.items)])

@@ -18,7 +18,8 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from tasks.definition import Prepared, TaskDefinition
-from tasks.tokenizer import EncodedInput
+from tasks.inference import Keep
+from tasks.tokenizer import EncodedInput, truncation
 
 POOLING_MODES = ("mean", "cls", "max")
 DEFAULT_MAX_SEQ_LENGTH = 512
@@ -88,6 +89,13 @@ def check_layers(layers: Sequence[int], num_layers: int) -> list[int]:
     return list(layers)
 
 
+def select_layers(hidden_states: np.ndarray, length: int, layers: Sequence[int]) -> np.ndarray:
+    """(T', L + 1, H) hidden states of one input -> (T, K * H) float32, the `layers` concatenated in the order
+    given, padding cut: a copy of only what the token vectors need."""
+    features = hidden_states[:length, list(layers), :]  # (T, K, H): fancy indexing copies
+    return np.ascontiguousarray(features.reshape(features.shape[0], -1), dtype=np.float32)
+
+
 def token_vectors(encoded: EncodedInput, tokens: Sequence[str], hidden_states: np.ndarray,
                   layers: Sequence[int]) -> list[dict[str, Any]]:
     """Per text token (special tokens left out): its vector, the chosen layers concatenated in the order
@@ -95,11 +103,18 @@ def token_vectors(encoded: EncodedInput, tokens: Sequence[str], hidden_states: n
 
     `hidden_states` is (T', L + 1, H) for this input, T' >= its length (padding is cut here).
     """
-    features = hidden_states[: len(encoded), layers, :]  # (T, K, H)
-    features = features.reshape(features.shape[0], -1)  # (T, K * H)
+    return token_features(encoded, tokens, select_layers(hidden_states, len(encoded), layers))
+
+
+def token_features(encoded: EncodedInput, tokens: Sequence[str], features: np.ndarray) -> list[dict[str, Any]]:
+    """`token_vectors` from the selected features (T, K * H) (`select_layers`)."""
     return [{"token": tokens[i], "start": start, "end": end, "embedding": features[i].tolist()}
             for i, ((start, end), sequence) in enumerate(zip(encoded.offsets, encoded.sequence_ids))
             if sequence is not None]
+
+
+# Bytes of one float as JSON text ("-0.012345678901234567," is 22): the admission estimate of vectors.
+JSON_FLOAT_BYTES = 24
 
 
 class EmbedOptions(BaseModel):
@@ -139,6 +154,22 @@ class EmbeddingTask(TaskDefinition):
                                              truncate=options.truncate)
         return [Prepared([item], item, item.truncated) for item in encoded]
 
+    def keep(self, tokenizer, spec, options) -> Keep:
+        """Sentence vectors keep only the pooled output; token vectors only the asked layers of their own tokens
+        (never every layer of every token of the pass)."""
+        if getattr(options, "output", "sentence") != "tokens":
+            return Keep(("sentence_embedding",))
+        layers = list(options.layers)
+        return Keep(("hidden_states",), lambda item, rows: {"features": select_layers(rows["hidden_states"],
+                                                                                        len(item), layers)})
+
+    def response_bytes(self, spec, prepared, options) -> int:
+        hidden = int(spec.extra.get("hidden_size") or 1024)
+        if getattr(options, "output", "sentence") != "tokens":
+            return hidden * JSON_FLOAT_BYTES + 64
+        tokens = len(prepared.items[0]) if prepared.items else 0
+        return tokens * (len(options.layers) * hidden * JSON_FLOAT_BYTES + 96) + 64
+
     def sentence_vectors(self, spec, outputs: Sequence[dict[str, np.ndarray]], normalize: bool | None) -> np.ndarray:
         vectors = np.stack([out["sentence_embedding"] for out in outputs]).astype(np.float32)  # (N, H)
         if spec.extra.get("normalize", True) if normalize is None else normalize:
@@ -147,11 +178,11 @@ class EmbeddingTask(TaskDefinition):
 
     def decode(self, tokenizer, spec, prepared, outputs, options) -> list[Any]:
         if options.output == "tokens":
-            return [{"tokens": token_vectors(p.state, [tokenizer.id_to_token(i) for i in p.state.input_ids],
-                                             out[0]["hidden_states"], options.layers), "truncated": p.truncated}
+            return [{"tokens": token_features(p.state, [tokenizer.id_to_token(i) for i in p.state.input_ids],
+                                              out[0]["features"]), **truncation(p.state)}
                     for p, out in zip(prepared, outputs)]
         vectors = self.sentence_vectors(spec, [out[0] for out in outputs], options.normalize)
-        return [{"embedding": vector.tolist(), "truncated": p.truncated} for vector, p in zip(vectors, prepared)]
+        return [{"embedding": vector.tolist(), **truncation(p.state)} for vector, p in zip(vectors, prepared)]
 
     def parity_answer(self, tokenizer, spec, prepared, outputs) -> Hashable:
         return tuple(float(x) for x in outputs[0]["sentence_embedding"])

@@ -20,6 +20,7 @@ from tokenizers import Tokenizer
 
 from tasks.classification import softmax
 from tasks.definition import InputFailed, Prepared, TaskDefinition, margin
+from tasks.inference import Keep
 from tasks.tokenizer import MASK, PAD, EncodedInput
 
 
@@ -31,21 +32,35 @@ def mask_positions(tokenizer: Tokenizer, encoded: EncodedInput) -> list[int]:
 def decode_fill_mask(tokenizer: Tokenizer, encoded: EncodedInput, positions: list[int], logits: np.ndarray,
                      top_k: int = 5) -> list[dict[str, Any]] | list[list[dict[str, Any]]]:
     """`logits` is (T, V) for this input. One mask: a list of top_k candidates; several: one list per mask."""
-    probs = softmax(np.asarray(logits, dtype=np.float32)[positions])  # (M, V)
+    ids, probs = top_candidates(np.asarray(logits)[positions], top_k)
+    return describe_candidates(tokenizer, encoded, positions, ids, probs)
+
+
+def top_candidates(mask_logits: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(M, V) logits at the [MASK]s -> the top k token ids (M, k) and their softmax probabilities (M, k)."""
+    probs = softmax(np.asarray(mask_logits, dtype=np.float32))  # (M, V)
     top_k = min(top_k, probs.shape[-1])
-    best = [top_indices(row, top_k) for row in probs]  # (M, k)
+    ids = np.stack([top_indices(row, top_k) for row in probs]) if len(probs) else np.zeros((0, top_k), np.int64)
+    return ids, np.take_along_axis(probs, ids, axis=-1)
+
+
+def describe_candidates(tokenizer: Tokenizer, encoded: EncodedInput, positions: list[int], ids: np.ndarray,
+                        probs: np.ndarray) -> list[dict[str, Any]] | list[list[dict[str, Any]]]:
+    """The pipeline's answer from each [MASK]'s top ids and probabilities: score, token, its text, and the
+    sequence with it in place (without special tokens for one mask; with them, so the others show, for several)."""
     pad_id = tokenizer.token_to_id(PAD)
     single = len(positions) == 1
+    base = [i for i in encoded.input_ids]
     rows = []
-    for position, candidates, row_probs in zip(positions, best, probs):
+    for position, candidates, row_probs in zip(positions, ids.tolist(), probs.tolist()):
         row = []
-        for token in candidates.tolist():
-            ids = list(encoded.input_ids)
-            ids[position] = token
-            ids = [i for i in ids if i != pad_id]
-            row.append({"score": float(row_probs[token]), "token": int(token),
+        for token, prob in zip(candidates, row_probs):
+            filled = base.copy()
+            filled[position] = token
+            filled = [i for i in filled if i != pad_id]
+            row.append({"score": float(prob), "token": int(token),
                         "token_str": tokenizer.decode([token], skip_special_tokens=False),
-                        "sequence": tokenizer.decode(ids, skip_special_tokens=single)})
+                        "sequence": tokenizer.decode(filled, skip_special_tokens=single)})
         rows.append(row)
     return rows[0] if single else rows
 
@@ -95,8 +110,26 @@ class FillMaskTask(TaskDefinition):
             prepared.append(Prepared([encoded], (encoded, positions)))
         return prepared
 
+    def keep(self, tokenizer, spec, options) -> Keep:
+        """Only each [MASK]'s top k, reduced where the pass ran: never 30,522 logits per token."""
+        mask_id, top_k = tokenizer.token_to_id(MASK), options.top_k
+
+        def reduce(item: EncodedInput, rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            positions = [i for i, token in enumerate(item.input_ids) if token == mask_id]
+            ids, probs = top_candidates(rows["logits"][positions], top_k)
+            return {"top_ids": ids, "top_probs": probs}
+
+        return Keep(("logits",), reduce)
+
+    def response_bytes(self, spec, prepared, options) -> int:
+        encoded, positions = prepared.state
+        # the sequence, decoded, per candidate: the text's UTF-8 bytes (up to 4 a character) and a space per token
+        chars = max((end for _, end in encoded.offsets), default=0)
+        sequence_bytes = 4 * chars + len(encoded) + 32
+        return len(positions) * options.top_k * (sequence_bytes + 96) + 64
+
     def decode(self, tokenizer, spec, prepared, outputs, options) -> list[Any]:
-        return [decode_fill_mask(tokenizer, p.state[0], p.state[1], out[0]["logits"], options.top_k)
+        return [describe_candidates(tokenizer, p.state[0], p.state[1], out[0]["top_ids"], out[0]["top_probs"])
                 for p, out in zip(prepared, outputs)]
 
     def kept_rows(self, prepared: Prepared, name: str, rows: np.ndarray) -> np.ndarray:

@@ -7,7 +7,8 @@ evaluated is what is served. A *batch* is what one forward pass sees.
     plan_batches(lengths, shape)  sort by length; one batch per padded width (CPU: the longest item
                                   rounded up to `pad_multiple`; GPU: its length bucket), split to the
                                   batch-size limit for that width and to the token budget
-    run_batch(runner, items, batch, per_token)   pad -> run -> each item's own rows
+    run_batch(runner, items, batch, per_token)   pad -> run -> each item's own rows (a copy, or what its
+                                  Keep reduces them to: never a view that holds the whole batch's arrays)
     iter_batches / run_items      both, over all items (results in the caller's order)
 
 Torch-free: a runner is any callable from padded int64 feeds to named float arrays.
@@ -120,9 +121,34 @@ def plan_batches(lengths: Sequence[int], shape: BatchShape) -> list[Batch]:
     return batches
 
 
+@dataclass(frozen=True, slots=True)
+class Keep:
+    """What one item keeps of its forward pass: the outputs `names`, and `reduce(item, rows)` applied where the pass
+    ran (a worker thread) to shrink them to what decoding needs (fill-mask: the top k at each [MASK]; token vectors:
+    the chosen layers). Without `reduce` the rows are copied: an item never holds a view of the whole batch's
+    arrays, so what a request keeps until it is answered is its own rows, not its passes' outputs."""
+
+    names: tuple[str, ...]
+    reduce: Callable[[Any, Rows], Rows] | None = None
+
+    def __call__(self, item: Any, rows: Rows) -> Rows:
+        if self.reduce is not None:
+            return self.reduce(item, rows)
+        return {name: np.array(rows[name]) for name in self.names}
+
+
+def output_names_of(keeps: Sequence[Keep | None], every: Sequence[str]) -> list[str]:
+    """The outputs one pass must return for these items (all of `every` when an item keeps everything)."""
+    if any(keep is None for keep in keeps):
+        return list(every)
+    wanted = {name for keep in keeps for name in keep.names}  # type: ignore[union-attr]
+    return [name for name in every if name in wanted]
+
+
 def split_rows(outputs: dict[str, np.ndarray], lengths: Sequence[int], per_token: bool | Collection[str]) -> list[Rows]:
-    """Each row of a pass's outputs as its item's own; per-token outputs trimmed to the item's length, so
-    padding never reaches decoding. `per_token`: all outputs, none, or the names of those that are."""
+    """Each row of a pass's outputs as its item's own (views: `Keep` copies or reduces them); per-token outputs
+    trimmed to the item's length, so padding never reaches decoding. `per_token`: all outputs, none, or the names
+    of those that are."""
     def is_per_token(name: str) -> bool:
         return per_token if isinstance(per_token, bool) else name in per_token
 
@@ -137,10 +163,15 @@ def pad(items: Sequence[ModelItem], batch: Batch) -> dict[str, np.ndarray]:
 
 
 def run_batch(runner: Runner, items: Sequence[ModelItem], batch: Batch, per_token: bool | Collection[str],
-              feeds: dict[str, np.ndarray] | None = None) -> list[Rows]:
-    """One forward pass: pad (unless `feeds` were padded ahead), run, and the members' own rows in order."""
+              feeds: dict[str, np.ndarray] | None = None, keeps: Sequence[Keep | None] | None = None) -> list[Rows]:
+    """One forward pass: pad (unless `feeds` were padded ahead), run, and the members' own rows in order, each
+    through its item's Keep (`keeps[i]` for item i; None: the rows as views)."""
     outputs = runner(pad(items, batch) if feeds is None else feeds)
-    return split_rows(outputs, [len(items[i]) for i in batch.members], per_token)
+    rows = split_rows(outputs, [len(items[i]) for i in batch.members], per_token)
+    if keeps is None:
+        return rows
+    return [row if keeps[i] is None else keeps[i](items[i], row)  # type: ignore[misc]
+            for i, row in zip(batch.members, rows)]
 
 
 def iter_batches(runner: Runner, items: Sequence[ModelItem], per_token: bool | Collection[str], shape: BatchShape

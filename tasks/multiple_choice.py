@@ -26,7 +26,7 @@ from tokenizers import Tokenizer
 
 from tasks.classification import encode_classification, encode_classification_many, softmax
 from tasks.definition import InputFailed, Prepared, TaskDefinition
-from tasks.tokenizer import EncodedInput
+from tasks.tokenizer import EncodedInput, truncation
 
 SWAG_ENDINGS = ("ending0", "ending1", "ending2", "ending3")
 
@@ -131,12 +131,15 @@ class MultipleChoiceTask(TaskDefinition):
             prepared.append(Prepared(mine, raw, any(item.truncated for item in mine)))
         return prepared
 
+    def response_bytes(self, spec, prepared, options) -> int:
+        return sum(128 + len(choice) for choice in prepared.state.choices) + 64
+
     def decode(self, tokenizer, spec, prepared, outputs, options) -> list[Any]:
         results = []
         for p, out in zip(prepared, outputs):
             ranked = rank_choices(np.array([o["logits"][0] for o in out], dtype=np.float32), p.state.choices)
             for entry in ranked:
-                entry["truncated"] = p.items[entry["index"]].truncated
+                entry.update(truncation(p.items[entry["index"]]))
             results.append(ranked)
         return results
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Encoding, Tokenizer, decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import WordPiece
@@ -160,18 +161,24 @@ class EncodedInput:
     (`sequence_ids[i]` says which: 0 for A, 1 for B, None for a special token, whose span is (0, 0)).
     """
 
-    __slots__ = ("input_ids", "token_type_ids", "offsets", "sequence_ids", "word_ids", "truncated")
+    __slots__ = ("input_ids", "token_type_ids", "offsets", "sequence_ids", "word_ids", "truncated", "dropped")
 
-    def __init__(self, input_ids, token_type_ids, offsets, sequence_ids, word_ids, truncated):
+    def __init__(self, input_ids, token_type_ids, offsets, sequence_ids, word_ids, truncated, dropped=0):
         self.input_ids: list[int] = input_ids
         self.token_type_ids: list[int] = token_type_ids
         self.offsets: list[tuple[int, int]] = offsets
         self.sequence_ids: list[int | None] = sequence_ids
         self.word_ids: list[int | None] = word_ids
         self.truncated: bool = truncated
+        self.dropped: int = dropped  # tokens cut by truncation (0 when `truncated` is False)
 
     def __len__(self) -> int:
         return len(self.input_ids)
+
+
+def truncation(item: EncodedInput) -> dict[str, Any]:
+    """What a result says of its input's truncation: `truncated` and how many tokens were cut."""
+    return {"truncated": item.truncated, "truncated_tokens": item.dropped}
 
 
 def _truncate_lengths(len_a: int, len_b: int, budget: int, strategy: str) -> tuple[int, int]:
@@ -256,5 +263,5 @@ def _assemble(enc_a: Encoding, enc_b: Encoding | None, cls_id: int, sep_id: int,
         offsets += list(enc_b.offsets[:keep_b]) + [(0, 0)]
         seq_ids += [1] * keep_b + [None]
         word_ids += list(enc_b.word_ids[:keep_b]) + [None]
-    truncated = keep_a < len_a or keep_b < len_b
-    return EncodedInput(ids, types, offsets, seq_ids, word_ids, truncated)
+    dropped = (len_a - keep_a) + (len_b - keep_b)
+    return EncodedInput(ids, types, offsets, seq_ids, word_ids, dropped > 0, dropped)
