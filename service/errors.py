@@ -131,7 +131,10 @@ def response_for(exc: Exception, request: Request) -> JSONResponse:
         content_type = request.headers.get("content-type", "")
         if request.method == "POST" and "json" not in content_type:
             message = f"send the body as JSON with Content-Type: application/json (got {content_type!r}); {message}"
-        return error_response(ServiceError(ErrorType.VALIDATION, message, detail=detail))
+        # a body that is not JSON at all is malformed (400); JSON that does not fit the schema is 422
+        malformed = any(e["type"] == "json_invalid" for e in detail)
+        return error_response(ServiceError(ErrorType.VALIDATION, message, detail=detail,
+                                           status=400 if malformed else None))
     if isinstance(exc, StarletteHTTPException):
         return error_response(_from_http(exc, request))
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
@@ -146,6 +149,8 @@ def _from_http(exc: StarletteHTTPException, request: Request) -> ServiceError:
                             status=405)
     if exc.status_code == 413:
         return ServiceError(ErrorType.TOO_LARGE, str(exc.detail))
+    if exc.status_code == 400:  # FastAPI's own "There was an error parsing the body" (e.g. nested too deep)
+        return ServiceError(ErrorType.VALIDATION, f"the body could not be parsed as JSON: {exc.detail}", status=400)
     if exc.status_code < 500:
         return ServiceError(ErrorType.VALIDATION, str(exc.detail), status=exc.status_code)
     return ServiceError(ErrorType.INTERNAL, "internal error", status=exc.status_code)

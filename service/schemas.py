@@ -274,6 +274,8 @@ class ErrorBody(BaseModel):
 
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorBody, "description": "the body is not JSON (malformed, or nested too deep); /v1/embeddings: "
+                                             "an input longer than the model takes (without truncate)"},
     401: {"model": ErrorBody, "description": "missing or wrong API key"},
     404: {"model": ErrorBody, "description": "unknown model, or no model of this route's task"},
     413: {"model": ErrorBody, "description": "body, input count, input length or (truncate false) tokens too large"},

@@ -78,5 +78,13 @@ def test_an_escaped_unpaired_surrogate_is_refused_by_the_route_on_both_paths(cli
 
 def test_invalid_json_says_where_on_the_fast_path(client):
     response = client.post("/v1/classify", content=b'{"inputs": "unterminated', headers=FAST)
-    assert response.status_code == 422 and response.json()["error_type"] == "validation"
+    assert response.status_code == 400 and response.json()["error_type"] == "validation"
     assert "Invalid JSON" in response.json()["error"] and "line 1 column" in response.json()["error"]
+
+
+def test_a_body_nested_too_deep_is_a_400_on_both_paths(client):
+    raw = b'{"inputs": ' + b"[" * 1100 + b"]" * 1100 + b"}"  # ~2 KB
+    for headers in (FAST, VIA_FASTAPI):
+        response = client.post("/v1/classify", content=raw, headers=headers)
+        assert response.status_code == 400, response.text
+        assert response.json()["error_type"] == "validation" and "JSON" in response.json()["error"]

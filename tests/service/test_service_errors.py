@@ -23,7 +23,10 @@ def as_json(value) -> bytes:
 
 CASES = [
     # (case id, route, body bytes, extra headers, status, error_type, words the message must contain)
-    ("invalid-json", "/v1/classify", raw('{"inputs": "unterminated'), JSON, 422, "validation", ["JSON"]),
+    ("invalid-json", "/v1/classify", raw('{"inputs": "unterminated'), JSON, 400, "validation", ["JSON"]),
+    # ~2 KB nested deeper than any JSON parser here takes (orjson stops at 1,024; the standard parser overflows)
+    ("nested-lists", "/v1/classify", raw('{"inputs": ' + "[" * 1100 + "]" * 1100 + "}"), JSON, 400, "validation",
+     ["JSON"]),
     ("not-json-content-type", "/v1/classify", raw('{"inputs": "x"}'),
      {"Content-Type": "text/plain"}, 422, "validation", ["Content-Type: application/json"]),
     ("body-null", "/v1/classify", raw("null"), JSON, 422, "validation", []),
