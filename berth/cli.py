@@ -21,6 +21,7 @@ SUBCOMMAND_MODULES = [
     "berth.commands.finetune",  # finetune and evaluate
     "berth.commands.plot",
     "berth.commands.export",
+    "berth.commands.sign_bundle",
     "berth.commands.build_defaults",
     "berth.commands.serve",
 ]

@@ -18,6 +18,7 @@ import onnxruntime
 from export import calibration, onnx_export, optimize, parity
 from export.precision import DEFAULT_RECIPE, RECIPES, to_fp16, to_int8
 from tasks.bundle import (
+    FORMAT_VERSION,
     MODEL_FILE,
     PRECISION_PROVIDERS,
     TOKENIZER_FILE,
@@ -25,6 +26,8 @@ from tasks.bundle import (
     check_examples,
     file_sha256,
     load_bundle,
+    load_private_key,
+    sign_bundle,
     write_manifest,
 )
 from tasks.onnx_session import CPU, CUDA, create_session
@@ -54,6 +57,7 @@ def export_bundle(
     calibration_file: str | Path | None = None,
     dev_file: str | Path | None = None,
     metric_examples: int | None = None,
+    signing_key: str | Path | None = None,
 ) -> Bundle:
     """Export the fine-tuned `checkpoint` folder as a bundle in `out` (replaced if it exists).
 
@@ -73,6 +77,8 @@ def export_bundle(
       fine-tuned with, from its finetune_run.json), `metric_examples` of it (default by task).
     - `int8_recipe` (one of `export.precision.RECIPES`, default `DEFAULT_RECIPE`); static recipes are
       calibrated on `calibration_file` (default: the checkpoint's training file).
+    - `signing_key`: an Ed25519 private key (PEM, as `berth sign-bundle --new-key` writes) to sign the
+      bundle with (`tasks.bundle.sign_bundle`); read before the export starts, so a bad key fails at once.
     Raises `parity.ParityError` when the ONNX model disagrees with PyTorch beyond the threshold.
     """
     import torch
@@ -81,6 +87,7 @@ def export_bundle(
 
     if precision not in PRECISION_PROVIDERS:
         raise ValueError(f"precision must be one of {sorted(PRECISION_PROVIDERS)}, got {precision!r}")
+    private_key = load_private_key(signing_key) if signing_key is not None else None
     if threads:
         torch.set_num_threads(threads)
     checkpoint, out = Path(checkpoint), Path(out)
@@ -150,6 +157,8 @@ def export_bundle(
         if example_inputs:
             manifest["examples"] = example_inputs
         write_manifest(final, manifest)
+        if private_key is not None:
+            sign_bundle(final, private_key)
         if out.exists():
             shutil.rmtree(out)
         shutil.move(str(final), str(out))
@@ -266,7 +275,7 @@ def _manifest(spec, config, target_precision, opset, inputs, outputs, checkpoint
               validated, out_name) -> dict[str, Any]:
     weights = _weights_file(checkpoint)
     return {
-        "format_version": 1,
+        "format_version": FORMAT_VERSION,
         "name": out_name,
         "task": spec.task,
         "labels": spec.labels,

@@ -45,6 +45,6 @@ def create_app(settings: ServiceSettings | None = None, runtime: Runtime | None 
     app.add_middleware(FastPath, router=v1)  # inside the guard: the body is read and checked already
     app.add_middleware(RequestGuard, metrics=runtime.metrics, max_body_bytes=settings.max_body_bytes,
                        api_key=settings.api_key.get_secret_value() if settings.api_key else None,
-                       max_concurrent=settings.max_concurrent_requests,
+                       max_concurrent=settings.max_concurrent_requests, max_body_reads=settings.max_body_reads,
                        body_read_timeout_s=settings.body_read_timeout_s, retry_after_s=settings.retry_after_s)
     return app

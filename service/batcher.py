@@ -42,8 +42,41 @@ Its loop, while not STOPPED:
 
 Each item's lifecycle: QUEUED -> DROPPED (cancelled | expired | shutdown) or BATCHED -> done/failed.
 An item too long for the model or for the token budget is refused at admission (ItemTooLarge), so nothing
-in the queue can stall it. After `max_consecutive_failures` failed passes in a row (no success in
-between) the batcher reports itself unhealthy, and /readyz turns 503 until a pass succeeds again.
+in the queue can stall it.
+
+Health. The model is judged per *planned pass* (one padded batch as the event loop planned it, however often it
+was retried by halves); an item that fails gets ItemFailed (500) either way, and what counts toward
+`max_consecutive_failures` is:
+
+    the watchdog stopped it (ran past pass_timeout_s)  counts, at once; its items fail (PassTimedOut), no retry
+                                                       (its halves would hold the cores about as long again)
+    some items computed, others failed (raised even    does not count: the computed ones show the model works, so
+      alone, or NaN/inf outputs)                       the failing inputs are at fault; the count restarts at 0
+    every item failed (one item or many)               a canary pass confirms it right away, in the same worker:
+                                                       it counts only if the canary fails too; a canary that
+                                                       passes restarts the count (the inputs were at fault)
+    every item computed                                the count restarts at 0
+
+So no input, however often sent, takes a working model out of rotation, and a broken model (its canary fails
+too) is out after max_consecutive_failures passes; a model too slow for pass_timeout_s is out as well. The
+*canary* is one item of the model's smallest warm-up shape ([CLS] [UNK]... [SEP], `canary`; without warm-up the
+shortest item, [CLS] [SEP]), run through the same compute path as any pass (compute slots, watchdog, finiteness
+check). Not ready (`healthy` False: /readyz lists why, the model's requests get 503 + Retry-After) -> a canary pass
+every canary_interval_s, off the event loop (`_probe`); the first that passes makes the model ready again. Both
+transitions are logged; berth_canary_passes_total, berth_model_failures_total count them.
+
+Why 500 and not 422 for an input the model fails on: the input passed every check the API documents; what fails is
+the served model on it (a tokenizer whose ids the model cannot embed, weights that overflow). A 4xx tells the client
+to change a request it has no way to know how to change, and hides a model defect from 5xx alerting.
+
+Watchdog: each pass holds its own onnxruntime.RunOptions (the runner's `new_run_options`) while it runs; one check
+on the event loop every min(1 s, pass_timeout_s / 4) sets `terminate` on those past pass_timeout_s, and
+`session.run` raises in its worker thread within one operator: the compute slots are freed, the items answered
+500, berth_pass_timeouts_total counted. Warm-up (before the event loop serves) is not watched.
+
+Non-finite outputs: after every pass the worker thread checks the outputs with np.isfinite (whole arrays: ~0.15 ms
+a million floats); only when something is not finite are the items told apart, each on its own rows (per-token
+outputs trimmed to its length), and those fail with NonFiniteOutput (500; berth_nonfinite_outputs_total).
 """
 
 from __future__ import annotations
@@ -55,16 +88,27 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 import numpy as np
 
 from service.cpu import ComputeSlots
 from service.metrics import Metrics
-from tasks.inference import Batch, BatchShape, ModelItem, Runner, pad, plan_batches, run_batch
+from tasks.inference import (
+    Batch,
+    BatchShape,
+    Keep,
+    ModelItem,
+    Runner,
+    output_names_of,
+    pad,
+    plan_batches,
+    run_batch,
+)
 
 log = logging.getLogger("berth.service.batcher")
 
@@ -106,6 +150,18 @@ class ItemFailed(BatcherError):
     """The forward pass failed for this item alone (retried by halves down to it)."""
 
 
+class PassTimedOut(ItemFailed):
+    """The item's forward pass ran past pass_timeout_s and the watchdog stopped it."""
+
+
+class NonFiniteOutput(ItemFailed):
+    """The model's outputs for this item hold NaN or infinity."""
+
+
+FAILURE_TEXT = {"timeout": "a forward pass ran past pass_timeout_s", "error": "a forward pass raised an error",
+                "nonfinite": "a forward pass produced NaN or infinite outputs"}  # the kinds of berth_model_failures
+
+
 class BatcherState(Enum):
     ACCEPTING = "accepting"
     DRAINING = "draining"
@@ -135,6 +191,7 @@ class _Item:
     deadline: float  # time.monotonic() after which computing it is pointless
     future: asyncio.Future
     enqueued_at: float
+    keep: Keep | None = None  # what the item keeps of its pass (tasks/inference.py)
     state: ItemState = ItemState.QUEUED
 
 
@@ -159,6 +216,8 @@ class BatchPolicy(BatchShape):
     min_retry_after_s: int = 1
     max_consecutive_failures: int = 5
     pipeline: bool = True  # take and pad the next batches while the current pass runs (one take ahead)
+    pass_timeout_s: float = 60.0  # the watchdog stops a pass running longer
+    canary_interval_s: float = 5.0  # seconds between canary passes while the model is not ready
 
     def bucket_for(self, length: int) -> int | None:
         return self.width_for(length)
@@ -202,6 +261,52 @@ class _Take:
             self.pad_seconds.append(time.perf_counter() - begin)
 
 
+class _Guard:
+    """One forward pass as the watchdog sees it (from the moment it holds its cores), and what it found in the pass's
+    outputs: the runner `run_batch` calls. `bad`: the items (indices into the take) whose outputs are not finite."""
+
+    __slots__ = ("batcher", "runner", "new_options", "items", "batch", "options", "started", "timed_out", "bad")
+
+    def __init__(self, batcher: Batcher, runner: Runner, new_options: Callable[[], Any] | None,
+                 items: Sequence[ModelItem], batch: Batch):
+        self.batcher, self.runner, self.new_options, self.items, self.batch = batcher, runner, new_options, items, batch
+        self.options: Any = None
+        self.started = 0.0
+        self.timed_out = False
+        self.bad: list[int] = []
+
+    def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        batcher = self.batcher
+        self.options = self.new_options() if self.new_options is not None else None
+        self.started = time.monotonic()
+        with batcher._counter_lock:
+            batcher._passes.add(self)
+        try:
+            out = self.runner(feeds) if self.options is None else self.runner(feeds, run_options=self.options)
+        finally:
+            with batcher._counter_lock:
+                batcher._passes.discard(self)
+        if not all(np.isfinite(value).all() for value in out.values() if value.dtype.kind in "fc"):
+            self.bad = self._nonfinite_members(out)
+        return out
+
+    def _nonfinite_members(self, out: dict[str, np.ndarray]) -> list[int]:
+        """The members whose own rows (per-token outputs trimmed to their length, as split_rows does) are not finite."""
+        per_token, width = self.batcher.per_token, self.batch.width
+        bad = []
+        for row, i in enumerate(self.batch.members):
+            length = len(self.items[i])
+            for name, value in out.items():
+                if value.dtype.kind not in "fc":
+                    continue
+                tokens = (per_token if isinstance(per_token, bool) else name in per_token) or (
+                    value.ndim >= 3 and value.shape[1] == width)
+                if not np.isfinite(value[row, :length] if tokens else value[row]).all():
+                    bad.append(i)
+                    break
+        return bad
+
+
 class Batcher:
     """One model's queue and worker threads. Create it, `start()` it inside the event loop, `submit`
     items from request handlers and await their futures, `close()` it on shutdown.
@@ -212,8 +317,9 @@ class Batcher:
 
     def __init__(self, model: str, run: Runner, policy: BatchPolicy, metrics: Metrics, per_token: bool,
                  compute_slots: ComputeSlots | None = None, threads: int = 1, run_narrow: Runner | None = None,
-                 narrow_threads: int = 1):
+                 narrow_threads: int = 1, output_names: Sequence[str] = ()):
         self.model = model
+        self.output_names = tuple(output_names)  # what `run` returns by default; an item's Keep may need fewer
         self.policy = policy
         self.per_token = per_token
         self._run_model = run
@@ -239,6 +345,14 @@ class Batcher:
         self._running: dict[asyncio.Future, _Take] = {}  # launched and not yet answered
         self._ahead: _Take | None = None  # taken and padded, waiting for a free worker
         self.consecutive_failures = 0
+        # health (the module's docstring): the canary input, the passes running now (for the watchdog), the tasks
+        self.canary: ModelItem | None = None
+        self._passes: set[_Guard] = set()
+        self._last_failure = "error"
+        self._last_canary = ""
+        self._next_canary_at: float | None = None
+        self._probe_task: asyncio.Task | None = None
+        self._watchdog_task: asyncio.Task | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -252,13 +366,33 @@ class Batcher:
 
     @property
     def healthy(self) -> bool:
-        """False after max_consecutive_failures failed forward passes in a row (until one succeeds)."""
+        """False after max_consecutive_failures passes in a row counted against the model (the module's docstring),
+        until a pass or a canary pass succeeds."""
         return self.consecutive_failures < self.policy.max_consecutive_failures
+
+    @property
+    def unready_reason(self) -> str | None:
+        """Why the model is not ready (fixed phrases, no error text: /readyz is unauthenticated); None when it is."""
+        if self.healthy:
+            return None
+        reason = f"{self.consecutive_failures} failures in a row ({FAILURE_TEXT[self._last_failure]})"
+        if self.canary is None:
+            return reason + "; ready again once a forward pass succeeds"
+        reason += f"; a canary pass retries every {self.policy.canary_interval_s:g} s"
+        return reason + (f" (last canary: {self._last_canary})" if self._last_canary else "")
+
+    def next_canary_in(self) -> float:
+        """Seconds until the next canary pass (Retry-After for a model that is not ready)."""
+        at = self._next_canary_at
+        return self.policy.canary_interval_s if at is None else max(0.0, at - time.monotonic())
 
     def start(self) -> None:
         self._wakeup = asyncio.Event()
         self._loop_ref = asyncio.get_running_loop()
         self._task = self._loop_ref.create_task(self._loop(), name=f"batcher-{self.model}")
+        self._watchdog_task = self._loop_ref.create_task(self._watchdog(), name=f"watchdog-{self.model}")
+        if not self.healthy:
+            self._became_unready()
 
     def begin_draining(self) -> None:
         """Stop admitting; queued items still run. Safe to call from a signal handler."""
@@ -293,17 +427,21 @@ class Batcher:
             self._fail(take.items, self._shutting_down())
         self._running.clear()
         self._ahead = None
+        for task in (self._probe_task, self._watchdog_task):
+            if task is not None:
+                task.cancel()
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     def run_now(self, items: Sequence[ModelItem], narrow: bool = False) -> list[dict[str, np.ndarray]]:
-        """Run items synchronously in the caller's thread (warm-up), bypassing the queue and the metrics."""
+        """Run items synchronously in the caller's thread (warm-up), bypassing the queue and the metrics. Raises the
+        first item's error, except NonFiniteOutput, which is left in place of that item's outputs."""
         encoded = list(items)
         outputs: list = [None] * len(encoded)
         timings: list = [None] * len(encoded)
         for batch in plan_batches([len(x) for x in encoded], self.policy):
             self._run_batch(encoded, batch, None, 0.0, outputs, timings, record=False, narrow=narrow, exact=True)
         for out in outputs:
-            if isinstance(out, BaseException):
+            if isinstance(out, BaseException) and not isinstance(out, NonFiniteOutput):
                 raise out
         return outputs
 
@@ -320,8 +458,9 @@ class Batcher:
         if delta < 0 and self._filling and self._wakeup is not None:
             self._wakeup.set()
 
-    def submit(self, items: Sequence[ModelItem], deadline: float) -> list[asyncio.Future]:
-        """Admit all of `items` (one request's) or none. Raises NotAccepting (draining or stopped),
+    def submit(self, items: Sequence[ModelItem], deadline: float, keep: Keep | None = None) -> list[asyncio.Future]:
+        """Admit all of `items` (one request's) or none; `keep` says what each item keeps of its pass (its task's
+        outputs for this request, reduced in the worker thread; None: every output, as views). Raises NotAccepting (draining or stopped),
         ItemTooLarge (an item or the request can never fit), QueueFull (no room right now, with retry_after)."""
         count = len(items)
         if self._state is not BatcherState.ACCEPTING:
@@ -347,7 +486,7 @@ class Batcher:
         request = _RequestQueue(deque())
         futures = []
         for encoded, length in zip(items, lengths):
-            item = _Item(encoded, length, deadline, loop.create_future(), now)
+            item = _Item(encoded, length, deadline, loop.create_future(), now, keep)
             item.future.add_done_callback(lambda _f, it=item: self._on_cancel(it))
             request.items.append(item)
             futures.append(item.future)
@@ -521,7 +660,8 @@ class Batcher:
             if item.future.done():
                 continue
             if isinstance(out, BaseException):
-                item.future.set_exception(ItemFailed("inference failed for this input; see the server log"))
+                item.future.set_exception(out if isinstance(out, BatcherError) else
+                                          ItemFailed("inference failed for this input; see the server log"))
             else:
                 item.future.set_result(ItemResult(out, started - item.enqueued_at, pass_seconds, run_id, pad_seconds,
                                                   finished_at))
@@ -591,15 +731,19 @@ class Batcher:
         """Worker thread: the take's passes (padded already). Returns each item's outputs or the exception
         that failed it, in take order, and (run id, seconds, padding seconds, end time) of its pass."""
         encoded = [item.encoded for item in take.items]
+        keeps = [item.keep for item in take.items]
         outputs: list = [None] * len(encoded)
         timings: list = [(0, 0.0, 0.0, 0.0)] * len(encoded)
+        verdict: tuple[bool, str] | None = None  # a confirming canary's, at most one per take
         for batch, feeds, pad_seconds in zip(take.batches, take.feeds, take.pad_seconds):
-            self._run_batch(encoded, batch, feeds, pad_seconds, outputs, timings, record=True, narrow=narrow)
+            self._run_batch(encoded, batch, feeds, pad_seconds, outputs, timings, record=True, narrow=narrow,
+                            keeps=keeps)
+            verdict = self._judge([outputs[i] for i in batch.members], verdict)
         return outputs, timings, started, time.monotonic() - started
 
     def _run_batch(self, encoded: list[ModelItem], batch: Batch, feeds: dict[str, np.ndarray] | None,
                    pad_seconds: float, outputs: list, timings: list, record: bool, narrow: bool = False,
-                   exact: bool = False) -> None:
+                   exact: bool = False, keeps: Sequence[Keep | None] | None = None) -> None:
         """One forward pass; when it raises, retry each half (padded anew), down to the failing item. A wide pass
         runs narrow instead when another model took cores since the event loop decided (unless `exact`: warm-up)."""
         if narrow and self._run_narrow is not None:
@@ -607,6 +751,7 @@ class Batcher:
         else:
             fallback = self._narrow_threads if self._run_narrow is not None and not exact else None
             holding = self._slots.hold(self._threads, fallback)
+        guard: _Guard | None = None
         try:
             with holding as units:
                 run = self._run_narrow if self._run_narrow is not None and units < self._threads else self._run_model
@@ -615,29 +760,40 @@ class Batcher:
                     feeds = pad(encoded, batch)
                     pad_seconds = time.perf_counter() - begin
                     begin = time.perf_counter()
-                rows = run_batch(run, encoded, batch, self.per_token, feeds)
+                names = None if keeps is None or not self.output_names else \
+                    output_names_of([keeps[i] for i in batch.members], self.output_names)
+                # fetch fewer outputs only when the members need fewer (a runner may not take output_names)
+                runner = run if names is None or len(names) == len(self.output_names) else \
+                    functools.partial(run, output_names=names)
+                guard = _Guard(self, runner, getattr(run, "new_run_options", None), encoded, batch)
+                rows = run_batch(guard, encoded, batch, self.per_token, feeds, keeps)
         except Exception as error:
             self._metrics.inference_failures.labels(self.model).inc()
             members = batch.members
+            if guard is not None and guard.timed_out:  # the watchdog stopped it
+                self._timed_out(members, outputs, record)
+                return
             if len(members) > 1:
                 middle = len(members) // 2
                 log.warning("forward pass of %d items failed for model %s (%s); retrying by halves",
                             len(members), self.model, type(error).__name__)
                 for half in (members[:middle], members[middle:]):
                     width = self.policy.width_for(max(len(encoded[i]) for i in half)) or batch.width
-                    self._run_batch(encoded, Batch(half, width), None, 0.0, outputs, timings, record, narrow, exact)
+                    self._run_batch(encoded, Batch(half, width), None, 0.0, outputs, timings, record, narrow, exact,
+                                    keeps)
                 return
-            with self._counter_lock:
-                self.consecutive_failures += 1
-            log.error("inference failed for model %s on one item of %d tokens (%d failure(s) in a row): %s",
-                      self.model, len(encoded[members[0]]), self.consecutive_failures, error, exc_info=error)
-            self._metrics.items_failed.labels(self.model).inc()
+            if guard is not None and guard.bad:  # its Keep could not reduce NaN rows: the outputs are what failed
+                self._nonfinite(list(members), 1, outputs, record)
+                return
+            log.error("inference failed for model %s on one item of %d tokens: %s",
+                      self.model, len(encoded[members[0]]), error, exc_info=error)
+            if record:
+                self._metrics.items_failed.labels(self.model).inc()
             outputs[members[0]] = error
             return
         finished = time.perf_counter()
         seconds = finished - begin
         with self._counter_lock:
-            self.consecutive_failures = 0
             self._run_counter += 1
             run_id = self._run_counter
         if record:
@@ -648,3 +804,146 @@ class Batcher:
         for i, row in zip(batch.members, rows):
             outputs[i] = row
             timings[i] = (run_id, seconds, pad_seconds, finished)
+        if guard.bad:  # after the rows are placed: those items' rows are replaced by their error
+            self._nonfinite(guard.bad, len(batch.members), outputs, record)
+
+    # -- health: failures, canary passes, the watchdog (the module's docstring) -----------------
+
+    def _timed_out(self, members: Sequence[int], outputs: list, record: bool) -> None:
+        """Worker thread: the watchdog stopped this pass; its items fail, and it is not retried."""
+        self._metrics.pass_timeouts.labels(self.model).inc()
+        if record:
+            self._metrics.items_failed.labels(self.model).inc(len(members))
+        for i in members:
+            outputs[i] = PassTimedOut(f"the forward pass ran past pass_timeout_s "
+                                      f"({self.policy.pass_timeout_s:g} s) and was stopped")
+
+    @staticmethod
+    def _nonfinite_error() -> NonFiniteOutput:
+        return NonFiniteOutput("the model produced NaN or infinite outputs for this input")
+
+    def _nonfinite(self, bad: list[int], size: int, outputs: list, record: bool) -> None:
+        log.error("model %s produced NaN or infinite outputs for %d of the %d item(s) of a forward pass", self.model,
+                  len(bad), size)
+        if record:
+            self._metrics.nonfinite_outputs.labels(self.model).inc(len(bad))
+            self._metrics.items_failed.labels(self.model).inc(len(bad))
+        for i in bad:
+            outputs[i] = self._nonfinite_error()
+
+    def _judge(self, results: list, verdict: tuple[bool, str] | None) -> tuple[bool, str] | None:
+        """Worker thread, after a planned pass (and its retries): does it count against the model? The rule is the
+        module docstring's. `verdict`: the canary's, when one confirmed an earlier pass of the same take."""
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if not failed:
+            self._passed()
+        elif any(isinstance(r, PassTimedOut) for r in failed):
+            self._failed("timeout")
+        elif len(failed) < len(results):  # others of the pass were computed: these inputs are at fault
+            self._passed()
+        else:
+            if verdict is None:
+                verdict = self._canary_pass("confirm")
+            if verdict[0]:
+                log.warning("model %s: every item of a forward pass (%d) failed, but a canary pass succeeded: the "
+                            "inputs are at fault, not counted against the model", self.model, len(results))
+                self._passed()
+            else:
+                self._failed("nonfinite" if all(isinstance(r, NonFiniteOutput) for r in failed) else "error")
+        return verdict
+
+    def _canary_pass(self, kind: str) -> tuple[bool, str]:
+        """Worker thread: one pass of the canary input through the compute path of every pass (compute slots, the
+        watchdog, the finiteness check). (passed, why not)."""
+        if self.canary is None:
+            return False, "no canary input"
+        outputs: list = [None]
+        width = self.policy.width_for(len(self.canary)) or self.policy.buckets[-1]
+        self._run_batch([self.canary], Batch((0,), width), None, 0.0, outputs, [None], record=False)
+        out = outputs[0]
+        passed = not isinstance(out, BaseException)
+        self._metrics.canary_passes.labels(self.model, kind, "passed" if passed else "failed").inc()
+        why = ("" if passed else "it ran past pass_timeout_s" if isinstance(out, PassTimedOut) else
+               "NaN or infinite outputs" if isinstance(out, NonFiniteOutput) else f"it raised {type(out).__name__}")
+        self._last_canary = "passed" if passed else f"failed: {why}"
+        return passed, why
+
+    def _passed(self, how: str = "a forward pass succeeded") -> None:
+        with self._counter_lock:
+            was_ready = self.healthy
+            self.consecutive_failures = 0
+        if not was_ready:
+            self._notify(self._became_ready, how)
+
+    def _failed(self, kind: str) -> None:
+        with self._counter_lock:
+            self.consecutive_failures += 1
+            count = self.consecutive_failures
+            self._last_failure = kind
+        self._metrics.model_failures.labels(self.model, kind).inc()
+        log.error("model %s: %s; it counts against the model (%d of max_consecutive_failures=%d in a row)",
+                  self.model, FAILURE_TEXT[kind], count, self.policy.max_consecutive_failures)
+        if count == self.policy.max_consecutive_failures:
+            self._notify(self._became_unready)
+
+    def _notify(self, callback: Callable[..., None], *args: Any) -> None:
+        """Run `callback` on the event loop (from a worker thread or the loop itself); not before `start`."""
+        loop = self._loop_ref
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(callback, *args)
+
+    def _became_unready(self) -> None:
+        if self.healthy:  # a pass succeeded meanwhile
+            return
+        self._per_model.model_ready.set(0)
+        log.error("model %s is NOT READY: %s", self.model, self.unready_reason)
+        if self.canary is not None and self._state is BatcherState.ACCEPTING and (
+                self._probe_task is None or self._probe_task.done()):
+            self._probe_task = asyncio.get_running_loop().create_task(self._probe(), name=f"canary-{self.model}")
+
+    def _became_ready(self, how: str) -> None:
+        if not self.healthy:
+            return
+        self._per_model.model_ready.set(1)
+        log.warning("model %s is READY again: %s", self.model, how)
+
+    async def _probe(self) -> None:
+        """While the model is not ready: a canary pass every canary_interval_s, in a worker thread; the first that
+        passes makes it ready again."""
+        loop = asyncio.get_running_loop()
+        interval = self.policy.canary_interval_s
+        try:
+            while not self.healthy and self._state is BatcherState.ACCEPTING:
+                self._next_canary_at = time.monotonic() + interval
+                await asyncio.sleep(interval)
+                if self.healthy or self._state is not BatcherState.ACCEPTING:
+                    break
+                passed, why = await loop.run_in_executor(self._executor, self._canary_pass, "probe")
+                if passed:
+                    self._passed("a canary pass succeeded")
+                else:
+                    log.warning("model %s: the canary pass failed (%s); still not ready, next canary in %g s",
+                                self.model, why, interval)
+        finally:
+            self._next_canary_at = None
+
+    async def _watchdog(self) -> None:
+        """Every min(1 s, pass_timeout_s / 4): stop the passes running past pass_timeout_s."""
+        period = min(1.0, max(0.005, self.policy.pass_timeout_s / 4))
+        while True:
+            await asyncio.sleep(period)
+            if self._passes:
+                self._stop_late_passes(time.monotonic())
+
+    def _stop_late_passes(self, now: float) -> None:
+        limit = self.policy.pass_timeout_s
+        with self._counter_lock:
+            late = [g for g in self._passes if not g.timed_out and now - g.started > limit]
+            for guard in late:
+                guard.timed_out = True
+                if guard.options is not None:
+                    guard.options.terminate = True  # session.run raises in its thread, between two operators
+        for guard in late:
+            log.error("model %s: a forward pass of %d item(s) x %d tokens has run %.2f s, past pass_timeout_s=%g; "
+                      "%s", self.model, len(guard.batch.members), guard.batch.width, now - guard.started, limit,
+                      "terminating it" if guard.options is not None else "its runner cannot be stopped")

@@ -19,6 +19,9 @@ BATCH_TOKEN_BUCKETS = (16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
 DROP_REASONS = ("cancelled", "expired", "shutdown")  # an admitted item not computed
 REJECT_REASONS = ("queue_full", "not_accepting", "too_large")  # an item refused at admission
+CANARY_KINDS = ("probe", "confirm")  # on a timer while the model is not ready | after a pass whose every item failed
+CANARY_OUTCOMES = ("passed", "failed")
+FAILURE_KINDS = ("timeout", "error", "nonfinite")  # why a pass counted against the model (service/batcher.py)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -68,7 +71,8 @@ class Metrics:
             "berth_inference_failures", "Forward passes that raised (each retried half counts again)",
             ["model"], registry=r)
         self.items_failed = Counter(
-            "berth_items_failed", "Items whose forward pass failed even alone (answered 500)", ["model"], registry=r)
+            "berth_items_failed", "Items answered 500 by inference: their pass failed even alone, ran past pass_timeout_s, "
+            "or gave them NaN or infinite outputs", ["model"], registry=r)
         self.queue_depth = Gauge(
             "berth_queue_depth", "Items waiting in the queue (not yet in a forward pass)", ["model"], registry=r)
         self.items_dropped = Counter(
@@ -82,6 +86,20 @@ class Metrics:
         self.model_ready = Gauge(
             "berth_model_ready", "1 when the model is loaded, warmed up and not failing (see max_consecutive_failures)",
             ["model"], registry=r)
+        self.canary_passes = Counter(
+            "berth_canary_passes", "Canary passes (a warm-up shape) by kind (probe: on a timer while the model is not "
+            "ready; confirm: after a pass whose every item failed) and outcome", ["model", "kind", "outcome"],
+            registry=r)
+        self.pass_timeouts = Counter(
+            "berth_pass_timeouts", "Forward passes the watchdog terminated for running past pass_timeout_s",
+            ["model"], registry=r)
+        self.nonfinite_outputs = Counter(
+            "berth_nonfinite_outputs", "Items whose outputs held NaN or infinity (answered 500)", ["model"],
+            registry=r)
+        self.model_failures = Counter(
+            "berth_model_failures", "Forward passes counted against the model (toward max_consecutive_failures), "
+            "by kind: timeout, error or nonfinite (the last two only when a canary pass failed too)",
+            ["model", "kind"], registry=r)
 
     def register_model(self, model: str, task: str, precision: str, provider: str) -> None:
         self.model_info.labels(model, task, precision, provider).set(1)
@@ -92,6 +110,13 @@ class Metrics:
             self.items_dropped.labels(model, reason)
         for reason in REJECT_REASONS:
             self.items_rejected.labels(model, reason)
+        for kind in CANARY_KINDS:
+            for outcome in CANARY_OUTCOMES:
+                self.canary_passes.labels(model, kind, outcome)
+        self.pass_timeouts.labels(model)
+        self.nonfinite_outputs.labels(model)
+        for kind in FAILURE_KINDS:
+            self.model_failures.labels(model, kind)
 
     def for_model(self, model: str) -> ModelMetrics:
         return ModelMetrics(*(getattr(self, name).labels(model) for name in ModelMetrics.__slots__))

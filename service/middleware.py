@@ -1,15 +1,21 @@
 """Pure ASGI middleware around every request: what is refused before any work, and the request metrics.
 
-In order, before the body is read or parsed:
+In order, before the body is parsed:
 1. the API key (when one is configured) on /v1 routes: a request without the right key gets 401 and
    costs the server nothing; its body is never read;
-2. the concurrency limit on /v1 routes (`max_concurrent_requests`): beyond it, 503 + Retry-After;
-3. the body: counted as it arrives and refused with 413 as soon as it passes `max_body_bytes` (or at
-   once when Content-Length says so), and with 408 when it has not fully arrived within
-   `body_read_timeout_s`. The app then reads it from memory; later `receive()` calls go to the
-   server, so handlers can still hear the client disconnect.
+2. the body, under its own limit: at most `max_body_reads` requests may be receiving a body that did not
+   arrive whole with its first chunk (beyond: 429 + Retry-After, the rest not read; a small body that came
+   with its headers is never refused for this). It is counted as it arrives and refused with 413 as
+   soon as it passes `max_body_bytes` (or at once when Content-Length says so), and with 408 when it has
+   not fully arrived within `body_read_timeout_s`. The app then reads it from memory; later `receive()`
+   calls go to the server, so handlers can still hear the client disconnect;
+3. the concurrency limit on /v1 routes (`max_concurrent_requests`), taken only once the body is in
+   memory, so slow uploads cannot hold the slots of requests ready to run: beyond it, 429 + Retry-After.
 
-Every response is counted under its route template, also those refused here.
+429 means "this replica is busy now, retry later" (nginx passes it to the client and keeps the replica);
+503 is kept for a server that is not ready, loading or shutting down (nginx retries another replica).
+A client that leaves while its body is arriving is counted as 499. Every response is counted under its
+route template, also those refused here.
 """
 
 from __future__ import annotations
@@ -27,17 +33,29 @@ from service.metrics import Metrics
 BODY_METHODS = {"POST", "PUT", "PATCH"}
 PROTECTED_PREFIX = "/v1/"
 STARTED_AT = "berth_started_at"  # scope["state"] key: perf_counter() when the request reached the app
+CLIENT_GONE_STATUS = 499  # nginx's "client closed request", as service/inference.py counts it
+
+
+class ClientGone(Exception):
+    """The client disconnected while its body was arriving."""
+
+
+class BodyReadsFull(Exception):
+    """More than max_body_reads requests are receiving a body that did not come whole at once."""
 
 
 class RequestGuard:
     def __init__(self, app: ASGIApp, metrics: Metrics, max_body_bytes: int, api_key: str | None = None,
-                 max_concurrent: int = 256, body_read_timeout_s: float = 10.0, retry_after_s: int = 1):
+                 max_concurrent: int = 256, body_read_timeout_s: float = 10.0, retry_after_s: int = 1,
+                 max_body_reads: int = 64):
         self.app = app
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
         self.api_key = api_key.encode() if api_key else None
         self.max_concurrent = max_concurrent
-        self.in_flight = 0
+        self.in_flight = 0  # /v1 requests past their body, in the app
+        self.max_body_reads = max_body_reads
+        self.body_reads = 0  # requests whose body is arriving (every path: only /v1 routes take one)
         self.body_read_timeout_s = body_read_timeout_s
         self.retry_after_s = retry_after_s
         self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}  # the request metrics' labelled children
@@ -58,45 +76,51 @@ class RequestGuard:
         protected = scope["path"].startswith(PROTECTED_PREFIX)
         counted = False
         try:
-            refusal = self._refuse_early(scope, protected)
-            if refusal is not None:
-                await error_response(refusal)(scope, receive, send_and_record)
+            if protected and self.api_key is not None and not self._authorized(scope):
+                await _refuse(ServiceError(ErrorType.UNAUTHORIZED, "missing or wrong API key (send "
+                                           "Authorization: Bearer <key>)"), scope, receive, send_and_record)
                 return
-            if protected:
-                self.in_flight += 1
-                counted = True
             if scope["method"] in BODY_METHODS:
+                self.body_reads += 1
                 try:
                     async with asyncio.timeout(self.body_read_timeout_s):  # no task per request, as wait_for makes
                         body = await self._read_body(scope, receive)
-                except TimeoutError:
-                    slow = ServiceError(ErrorType.TIMEOUT, f"request body not received within "
-                                        f"{self.body_read_timeout_s:g} s (body_read_timeout_s)", status=408)
-                    await error_response(slow)(scope, receive, send_and_record)
+                except BodyReadsFull:
+                    await _refuse(self._busy(f"{self.body_reads - 1} request bodies arriving; the limit is "
+                                             f"{self.max_body_reads} (max_body_reads)"), scope, receive, send_and_record)
                     return
+                except ClientGone:
+                    status["code"] = CLIENT_GONE_STATUS
+                    return
+                except TimeoutError:
+                    await _refuse(ServiceError(ErrorType.TIMEOUT, f"request body not received within "
+                                               f"{self.body_read_timeout_s:g} s (body_read_timeout_s)", status=408),
+                                  scope, receive, send_and_record)
+                    return
+                finally:
+                    self.body_reads -= 1
                 if body is None:
-                    too_large = ServiceError(ErrorType.TOO_LARGE, f"request body larger than {self.max_body_bytes} "
-                                             "bytes (max_body_bytes)")
-                    await error_response(too_large)(scope, receive, send_and_record)
+                    await _refuse(ServiceError(ErrorType.TOO_LARGE, f"request body larger than "
+                                               f"{self.max_body_bytes} bytes (max_body_bytes)"),
+                                  scope, receive, send_and_record)
                     return
                 receive = _replay(body, receive)
+            if protected:
+                if self.in_flight >= self.max_concurrent:
+                    await _refuse(self._busy(f"{self.in_flight} requests in progress; the limit is "
+                                             f"{self.max_concurrent} (max_concurrent_requests)"),
+                                  scope, receive, send_and_record)
+                    return
+                self.in_flight += 1
+                counted = True
             await self.app(scope, receive, send_and_record)
         finally:
             if counted:
                 self.in_flight -= 1
             self._record(scope, status["code"], time.perf_counter() - started)
 
-    def _refuse_early(self, scope: Scope, protected: bool) -> ServiceError | None:
-        """401 or 503 decided from the request line and headers alone."""
-        if not protected:
-            return None
-        if self.api_key is not None and not self._authorized(scope):
-            return ServiceError(ErrorType.UNAUTHORIZED, "missing or wrong API key (send Authorization: Bearer <key>)")
-        if self.in_flight >= self.max_concurrent:
-            return ServiceError(ErrorType.OVERLOADED, f"{self.in_flight} requests in progress; the limit is "
-                                f"{self.max_concurrent} (max_concurrent_requests)", status=503,
-                                retry_after=self.retry_after_s)
-        return None
+    def _busy(self, message: str) -> ServiceError:
+        return ServiceError(ErrorType.OVERLOADED, message, status=429, retry_after=self.retry_after_s)
 
     def _authorized(self, scope: Scope) -> bool:
         assert self.api_key is not None
@@ -107,7 +131,7 @@ class RequestGuard:
         return False
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes | None:
-        """The whole body, or None as soon as it is known to exceed the limit."""
+        """The whole body, or None as soon as it is known to exceed the limit; ClientGone if the client left."""
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 try:
@@ -119,7 +143,7 @@ class RequestGuard:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                break
+                raise ClientGone
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body_bytes:
@@ -127,6 +151,10 @@ class RequestGuard:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
+            # A body that came whole with its first message (most: small JSON) never waits on the client; one
+            # that keeps arriving holds a read slot, and is refused when more than max_body_reads do so.
+            if len(chunks) == 1 and self.body_reads > self.max_body_reads:
+                raise BodyReadsFull
         return b"".join(chunks)
 
     def _record(self, scope: Scope, status: int, seconds: float) -> None:
@@ -144,7 +172,7 @@ class RequestGuard:
 
 
 def _match_route(scope: Scope) -> str | None:
-    """The route template of a request refused before routing (401, 408, 413, 503), so it is counted there.
+    """The route template of a request refused before routing (401, 408, 413, 429), so it is counted there.
     Our routes have no path parameters, so a template is a path the app documents; any other path is not
     a label value (labels stay bounded whatever clients send)."""
     app = scope.get("app")
@@ -154,6 +182,10 @@ def _match_route(scope: Scope) -> str | None:
     if paths is None:
         paths = app.state.berth_route_paths = frozenset(app.openapi().get("paths", {}))
     return scope["path"] if scope["path"] in paths else None
+
+
+async def _refuse(error: ServiceError, scope: Scope, receive: Receive, send: Send) -> None:
+    await error_response(error)(scope, receive, send)
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

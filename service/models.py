@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnxruntime
 from tokenizers import Tokenizer
 
 from service.batcher import Batcher, BatchPolicy, clip_buckets
@@ -24,7 +27,16 @@ from service.cpu import ComputeSlots, usable_cpus
 from service.errors import ErrorType, ServiceError
 from service.metrics import Metrics
 from service.settings import ServiceSettings
-from tasks.bundle import MODEL_FILE, TOKENIZER_FILE, Bundle, BundleError, find_bundles, load_bundle
+from tasks.bundle import (
+    MODEL_FILE,
+    TOKENIZER_FILE,
+    Bundle,
+    BundleError,
+    external_data_locations,
+    find_bundles,
+    load_bundle,
+    load_public_key,
+)
 from tasks.definition import TaskDefinition
 from tasks.inference import BatchTable
 from tasks.onnx_session import CUDA, create_session
@@ -75,19 +87,29 @@ class OnnxEngine:
         self.output_names = list(definition(bundle.task).output_names)
         self.io_binding = self.provider == CUDA
 
-    def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    @staticmethod
+    def new_run_options() -> onnxruntime.RunOptions:
+        """Fresh options for one pass: the batcher's watchdog sets `terminate` on them to stop that pass (its
+        `session.run` then raises in the thread running it)."""
+        return onnxruntime.RunOptions()
+
+    def __call__(self, feeds: dict[str, np.ndarray], output_names: Sequence[str] | None = None,
+                 run_options: onnxruntime.RunOptions | None = None) -> dict[str, np.ndarray]:
+        """Run one pass; only `output_names` (default: all the task's outputs) are fetched from the session.
+        `run_options`: this pass's own (`new_run_options`), so it can be terminated."""
+        names = list(self.output_names if output_names is None else output_names)
         feeds = {name: feeds[name] for name in self.input_names}
         if self.io_binding:
             binding = self.session.io_binding()
             for name, value in feeds.items():
                 binding.bind_cpu_input(name, value)
-            for name in self.output_names:
+            for name in names:
                 binding.bind_output(name, "cuda")
-            self.session.run_with_iobinding(binding)
+            self.session.run_with_iobinding(binding, run_options)
             values = binding.copy_outputs_to_cpu()
         else:
-            values = self.session.run(self.output_names, feeds)
-        return dict(zip(self.output_names, values))
+            values = self.session.run(names, feeds, run_options)
+        return dict(zip(names, values))
 
 
 @dataclass
@@ -138,10 +160,27 @@ class ServedModel:
 
 
 def discover(settings: ServiceSettings) -> list[Bundle]:
-    """The bundles to serve, verified (hashes included). Raises RepositoryError naming the problem."""
+    """The bundles to serve, verified (file hashes and manifest digest included). Raises RepositoryError
+    naming the bundle and the problem.
+
+    With `bundle_public_key` set, every bundle must carry a signature by that key (`berth sign-bundle`):
+    an unsigned bundle, one signed by another key and one whose manifest changed after signing are
+    refused. A model keeping tensors in external data files is refused too, even when its manifest lists
+    them: the service gives ONNX Runtime model.onnx's verified bytes, and ONNX Runtime looks for the
+    external data of a model loaded from bytes in the server's working directory, not in the bundle.
+    """
     repository = Path(settings.models)
     if not repository.is_dir():
         raise RepositoryError(f"model repository {repository} is not a folder")
+    public_key = None
+    if settings.bundle_public_key is not None:
+        try:
+            public_key = load_public_key(settings.bundle_public_key)
+        except BundleError as error:
+            raise RepositoryError(f"bundle_public_key: {error}") from error
+        except ImportError as error:
+            raise RepositoryError(f"bundle_public_key needs the cryptography package (pip install 'berth[serve]'): "
+                                  f"{error}") from error
     folders = find_bundles(repository)
     if settings.model_names:
         by_name = {folder.name: folder for folder in folders}
@@ -152,9 +191,15 @@ def discover(settings: ServiceSettings) -> list[Bundle]:
     bundles = []
     for folder in folders:
         try:
-            bundle = load_bundle(folder, verify_hashes=True)
+            bundle = load_bundle(folder, verify_hashes=True, public_key=public_key)
         except BundleError as error:
             raise RepositoryError(f"bundle {folder.name}: {error}") from error
+        if bundle.external_data:
+            raise RepositoryError(
+                f"bundle {folder.name}: {MODEL_FILE} keeps tensors in external data files "
+                f"({', '.join(bundle.external_data)}); the service loads {MODEL_FILE} from its verified bytes, and "
+                "ONNX Runtime would look for those files in the server's working directory, not in the bundle: "
+                "export the model as one file")
         if definition(bundle.task).route is None:
             log.warning("bundle %s: task %s has no route in this service; not served", folder.name, bundle.task)
             continue
@@ -166,11 +211,21 @@ def discover(settings: ServiceSettings) -> list[Bundle]:
 
 def verified_bytes(bundle: Bundle, name: str) -> bytes:
     """A bundle file's bytes, read once and checked against the manifest's sha256: what is used is what
-    was verified, even if the file changes on disk after discovery."""
+    was verified, even if the file changes on disk after discovery. The bytes of model.onnx are also
+    checked to reference no external data file (see `discover`), so ONNX Runtime reads nothing else."""
     data = (bundle.path / name).read_bytes()
     if hashlib.sha256(data).hexdigest() != bundle.files[name].sha256:
         raise RepositoryError(f"bundle {bundle.path.name}: {name} changed since it was verified (sha256 differs "
                               "from bundle.json)")
+    if name == MODEL_FILE:
+        try:
+            locations = external_data_locations(data)
+        except BundleError as error:
+            raise RepositoryError(f"bundle {bundle.path.name}: {name}: {error}") from error
+        if locations:
+            raise RepositoryError(f"bundle {bundle.path.name}: {name} keeps tensors in external data files "
+                                  f"({', '.join(sorted(set(locations)))}), which the service does not load: "
+                                  "export the model as one file")
     return data
 
 
@@ -187,6 +242,8 @@ def load_model(bundle: Bundle, settings: ServiceSettings, metrics: Metrics, intr
     started = time.perf_counter()
     name = bundle.path.name  # the folder name is the model name
     spec = bundle.spec()
+    # the embedding task's admission estimate of a vector's JSON bytes needs the encoder's width
+    spec.extra.setdefault("hidden_size", bundle.encoder_config.get("hidden_size"))
     slots = compute_slots or ComputeSlots(usable_cpus())
     threads = min(settings.intra_op_threads if intra_op_threads is None else intra_op_threads, slots.units) or slots.units
     model_bytes = verified_bytes(bundle, MODEL_FILE)  # the bytes hashed are the bytes ONNX Runtime loads
@@ -214,7 +271,8 @@ def load_model(bundle: Bundle, settings: ServiceSettings, metrics: Metrics, intr
         raise RepositoryError(f"bundle {name}: max_seq_length {spec.max_seq_length} exceeds max_batch_tokens "
                               f"{settings.max_batch_tokens}; a full-length input could never run")
     batcher = Batcher(name, engine, policy, metrics, per_token=spec.definition.per_token, compute_slots=slots,
-                      threads=threads, run_narrow=narrow_engine, narrow_threads=narrow_threads)
+                      threads=threads, run_narrow=narrow_engine, narrow_threads=narrow_threads,
+                      output_names=engine.output_names)
     model = ServedModel(name, bundle, spec, load_bundle_tokenizer(bundle), engine, batcher)
     metrics.register_model(name, spec.task, bundle.precision, engine.provider)
     if model.below_quality_floor:
@@ -269,19 +327,36 @@ def warm_up(model: ServedModel) -> list[tuple[int, int]]:
     once to its peak) and once at batch 1: later traffic meets no new shape and no new allocation."""
     assert model.batcher is not None
     policy = model.batcher.policy
-    cls_id, sep_id = model.tokenizer.token_to_id(CLS), model.tokenizer.token_to_id(SEP)
-    filler = model.tokenizer.token_to_id(UNK)
     shapes = []
+    nonfinite = 0
     for bucket in sorted(policy.buckets, reverse=True):
         largest = policy.batch_size_for(bucket)
         for batch in sorted({largest, 1}, reverse=True):
-            item = EncodedInput([cls_id] + [filler] * (bucket - 2) + [sep_id], [0] * bucket, [(0, 0)] * bucket,
-                                [None] * bucket, [None] * bucket, False)
-            model.batcher.run_now([item] * batch)
+            item = filler_item(model, bucket)
+            outputs = model.batcher.run_now([item] * batch)
             if model.batcher.parallel > 1:
-                model.batcher.run_now([item] * batch, narrow=True)
+                outputs += model.batcher.run_now([item] * batch, narrow=True)
+            nonfinite += sum(isinstance(out, BaseException) for out in outputs)  # run_now raised the other errors
             shapes.append((batch, bucket))
+    if nonfinite:
+        log.error("model %s produced NaN or infinite outputs during warm-up (%d item(s)); its requests will fail "
+                  "with 500 and its canary passes too, so it will turn not ready", model.name, nonfinite)
     return shapes
+
+
+def filler_item(model: ServedModel, length: int) -> EncodedInput:
+    """[CLS] [UNK]... [SEP] of `length` tokens (at least 2): the input of warm-up and canary passes."""
+    length = max(2, length)
+    cls_id, sep_id = model.tokenizer.token_to_id(CLS), model.tokenizer.token_to_id(SEP)
+    filler = model.tokenizer.token_to_id(UNK)
+    return EncodedInput([cls_id] + [filler] * (length - 2) + [sep_id], [0] * length, [(0, 0)] * length,
+                        [None] * length, [None] * length, False)
+
+
+def canary_item(model: ServedModel) -> EncodedInput:
+    """The input of the model's canary passes (service/batcher.py): one item of its smallest warm-up shape, which
+    it computed at start; without warm-up the shortest input there is, [CLS] [SEP]."""
+    return filler_item(model, min((bucket for _, bucket in model.warmup_shapes), default=2))
 
 
 def resolve_model(bundles: dict[str, Bundle], models: dict[str, ServedModel], name: str | None,
@@ -289,7 +364,9 @@ def resolve_model(bundles: dict[str, Bundle], models: dict[str, ServedModel], na
     """The model a request names, or the route's default: the first model of the route's task by name.
 
     `bundles` are all the bundles being served, `models` those loaded so far. 404 for an unknown
-    name, 422 naming the right route for a model of another task, 503 while it is still loading.
+    name, 422 naming the right route for a model of another task, 503 while it is still loading, and 503 while it
+    is not ready (failing its forward passes, service/batcher.py), Retry-After the time to its next canary pass:
+    whether or not the model is one /readyz waits for (ready_models), a request to it is refused, not failed.
     """
     if name is None:
         candidates = sorted(n for n, b in bundles.items() if b.task == task)
@@ -306,6 +383,11 @@ def resolve_model(bundles: dict[str, Bundle], models: dict[str, ServedModel], na
     model = models.get(name)
     if model is None or not model.ready:
         raise ServiceError(ErrorType.OVERLOADED, f"model {name!r} is loading", status=503, retry_after=retry_after)
+    batcher = model.batcher
+    if batcher is not None and not batcher.healthy:
+        raise ServiceError(ErrorType.OVERLOADED, f"model {name!r} is not ready: its forward passes are failing; a "
+                           f"canary pass retries it every {batcher.policy.canary_interval_s:g} s", status=503,
+                           retry_after=max(retry_after, math.ceil(batcher.next_canary_in())))
     return model
 
 

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
-from service.handlers import HANDLERS, OPENAI_EMBEDDINGS, SIMILARITY, openai_payload
+from service.handlers import HANDLERS, OPENAI_EMBEDDINGS, SIMILARITY, openai_payload, similarity_payload
 from service.inference import infer
 from service.metrics import CONTENT_TYPE
 from service.runtime import Phase, Runtime
@@ -88,15 +88,17 @@ embed.__doc__ = ("`{embedding, truncated}` per input (pooled as the model was tr
 
 @v1.post("/embeddings", response_model=EmbeddingsResponse, summary="OpenAI-compatible embeddings")
 async def openai_embeddings(body: EmbeddingsRequest, request: Request) -> Response:
-    """OpenAI's shape: `{object: list, data: [{object: embedding, index, embedding}], model, usage}`; unit
-    vectors; `encoding_format` float or base64 (little-endian float32). Errors keep berth's shape."""
+    """OpenAI's shape: `{object: list, data: [{object: embedding, index, embedding, truncated, truncated_tokens}],
+    model, usage}`; unit vectors; `encoding_format` float or base64 (little-endian float32). An input longer than
+    the model takes is a 400 naming it (as OpenAI), unless `"truncate": true`. Errors keep berth's shape."""
     return await infer(request, OPENAI_EMBEDDINGS, body, payload_shape=openai_payload)
 
 
 @v1.post("/similarity", response_model=SimilarityResponse, summary="Cosine similarity of a source with targets")
 async def similarity(body: SimilarityRequest, request: Request) -> Response:
-    """Per input, the cosine of `source` with each of `targets`, from the same embeddings as /v1/embed."""
-    return await infer(request, SIMILARITY, body)
+    """Per input, the cosine of `source` with each of `targets`, from the same embeddings as /v1/embed; beside the
+    results, `truncated_tokens` per input (the source's, then each target's)."""
+    return await infer(request, SIMILARITY, body, payload_shape=similarity_payload)
 
 
 @v1.post("/fill-mask", response_model=FillMaskResponse, summary="Top-k tokens for each [MASK]")
@@ -132,17 +134,23 @@ probes = APIRouter()
 
 @probes.get("/healthz", summary="Liveness: the process answers (503 only when loading the models failed)")
 async def healthz(runtime: RuntimeDep) -> JSONResponse:
+    """Liveness only: answered by the event loop itself, so a wedged loop shows as no answer. A model failing its
+    passes is /readyz's business (a restart would not heal it; its canary passes do)."""
     if runtime.phase is Phase.FAILED:  # the reason is in the server log, not shown to unauthenticated callers
         return JSONResponse({"status": "failed"}, status_code=503)
     return JSONResponse({"status": "alive", "phase": runtime.phase.value})
 
 
-@probes.get("/readyz", summary="Readiness: every model loaded, warmed up and not failing, and not shutting down")
+@probes.get("/readyz", summary="Readiness: the ready_models (default: all) loaded, warmed up and not failing, and "
+                                "not shutting down")
 async def readyz(runtime: RuntimeDep) -> JSONResponse:
-    models = {name: runtime.model_ready(name) for name in runtime.bundles}
+    """`{"status", "models": {name: {"ready", "required", "reason"}}}`: 200 when every `required` model (ready_models;
+    default: every model) is ready; a model that is not required may be not ready (its own requests get 503)."""
+    models = {name: runtime.model_status(name) for name in runtime.bundles}
     if runtime.ready:
         return JSONResponse({"status": "ready", "models": models})
-    return JSONResponse({"status": runtime.phase.value, "models": models}, status_code=503,
+    status = "not_ready" if runtime.phase is Phase.READY else runtime.phase.value
+    return JSONResponse({"status": status, "models": models}, status_code=503,
                         headers={"Retry-After": str(runtime.settings.retry_after_s)})
 
 

@@ -3,8 +3,13 @@
     STARTING --all models loaded and warmed up--> READY --SIGTERM / shutdown--> DRAINING
         \\--a model failed to load--> FAILED (liveness reports it; `berth serve` exits with an error)
 
-/healthz answers 200 from the first moment (the process is alive) unless FAILED; /readyz answers 200
-only in READY, and only while no model has failed max_consecutive_failures forward passes in a row.
+/healthz answers 200 from the first moment (the process is alive) unless FAILED: liveness only, never the
+models' health (a restart would not heal a failing model; the canary does). /readyz answers 200 only in READY,
+and only while every model of `ready_models` (default: every model served) is ready; it lists each model with
+`ready` and the `reason` when it is not. A model is not ready after max_consecutive_failures forward passes in
+a row counted against it (service/batcher.py says which count); a canary pass every canary_interval_s brings it
+back by itself. A model that is not ready answers its own requests 503 + Retry-After, whether /readyz waits for
+it or not: with `ready_models` naming the others, one failing model no longer takes the pod out of rotation.
 
 The drain (see `berth serve`): SIGTERM -> DRAINING, /readyz 503, requests still admitted for
 drain_delay_s (load balancers need that long to notice) -> `stop_admitting()`: new requests 503,
@@ -27,11 +32,12 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from enum import StrEnum
+from typing import Any
 
 from service.cpu import ComputeSlots, usable_cpus
 from service.errors import ErrorType, ServiceError
 from service.metrics import Metrics
-from service.models import ServedModel, discover, load_model, resolve_model
+from service.models import RepositoryError, ServedModel, canary_item, discover, load_model, resolve_model
 from service.settings import ServiceSettings
 from tasks.bundle import Bundle
 
@@ -74,18 +80,41 @@ class Runtime:
         self.compute_slots = ComputeSlots(self.cpus)
         self.tokenizer_pool = ThreadPoolExecutor(max_workers=settings.tokenizer_threads,
                                                  thread_name_prefix="berth-tokenizer")
+        # estimated JSON bytes of the answers of the requests in progress (max_inflight_response_bytes)
+        self.response_bytes_in_flight = 0
 
     @property
     def ready(self) -> bool:
-        return self.phase is Phase.READY and all(self.model_ready(name) for name in self.bundles)
+        return self.phase is Phase.READY and all(self.model_ready(name) for name in self.required_models)
+
+    @property
+    def required_models(self) -> list[str]:
+        """The models /readyz waits for: `ready_models`, or every model served."""
+        return list(self.settings.ready_models or self.bundles)
 
     def model_ready(self, name: str) -> bool:
         model = self.models.get(name)
         return model is not None and model.ready and (model.batcher is None or model.batcher.healthy)
 
+    def model_status(self, name: str) -> dict[str, Any]:
+        """/readyz's entry for one model: ready, whether /readyz waits for it, and why not when it is not (fixed
+        phrases only: /readyz answers unauthenticated callers)."""
+        model = self.models.get(name)
+        if model is None or not model.ready:
+            reason: str | None = "failed to load" if self.phase is Phase.FAILED else "loading"
+        else:
+            reason = model.batcher.unready_reason if model.batcher is not None else None
+        return {"ready": reason is None, "required": name in self.required_models, "reason": reason}
+
     def discover(self) -> None:
-        """Find and verify the bundles (manifests and hashes); raises RepositoryError naming the problem."""
-        self.bundles = {bundle.path.name: bundle for bundle in discover(self.settings)}
+        """Find and verify the bundles (manifests and hashes), and check that `ready_models` names served ones;
+        raises RepositoryError naming the problem."""
+        bundles = {bundle.path.name: bundle for bundle in discover(self.settings)}
+        unknown = [name for name in self.settings.ready_models or () if name not in bundles]
+        if unknown:
+            raise RepositoryError(f"ready_models names {unknown}, which this server does not serve; it serves "
+                                  f"{sorted(bundles)}")
+        self.bundles = bundles
 
     async def start(self) -> None:
         """Verify the repository now (unless done already), then load the models in the background."""
@@ -107,6 +136,7 @@ class Runtime:
                 if self.phase is not Phase.STARTING:  # shut down (or failed) while this one loaded
                     return
                 assert model.batcher is not None
+                self._arm_health_checks(model)
                 model.batcher.start()
                 model.ready = True
                 self.models[name] = model
@@ -122,6 +152,14 @@ class Runtime:
         tune_garbage_collector()
         self.phase = Phase.READY
         log.info("all %d model(s) ready in %.1f s", len(self.models), time.perf_counter() - started)
+
+    def _arm_health_checks(self, model: ServedModel) -> None:
+        """The batcher's watchdog, canary input and interval (service/batcher.py)."""
+        batcher = model.batcher
+        assert batcher is not None
+        batcher.policy.pass_timeout_s = self.settings.pass_timeout_s
+        batcher.policy.canary_interval_s = self.settings.canary_interval_s
+        batcher.canary = canary_item(model)
 
     async def wait_until_loaded(self) -> None:
         if self._loader is not None:

@@ -107,7 +107,9 @@ class FillMaskTask(TaskDefinition):
                 raise InputFailed(index, NoMask(f"no {MASK} token; put {MASK} where a token should be predicted"))
             if len(encoded) > spec.max_seq_length:
                 raise InputFailed(index, InputTooLong(len(encoded), spec.max_seq_length))
-            prepared.append(Prepared([encoded], (encoded, positions)))
+            # (the sequence's UTF-8 bytes, decoded once: what each candidate's "sequence" costs in the answer)
+            sequence_bytes = len(tokenizer.decode(encoded.input_ids, skip_special_tokens=False).encode("utf-8"))
+            prepared.append(Prepared([encoded], (encoded, positions, sequence_bytes)))
         return prepared
 
     def keep(self, tokenizer, spec, options) -> Keep:
@@ -122,11 +124,10 @@ class FillMaskTask(TaskDefinition):
         return Keep(("logits",), reduce)
 
     def response_bytes(self, spec, prepared, options) -> int:
-        encoded, positions = prepared.state
-        # the sequence, decoded, per candidate: the text's UTF-8 bytes (up to 4 a character) and a space per token
-        chars = max((end for _, end in encoded.offsets), default=0)
-        sequence_bytes = 4 * chars + len(encoded) + 32
-        return len(positions) * options.top_k * (sequence_bytes + 96) + 64
+        _, positions, sequence_bytes = prepared.state
+        # per candidate: the sequence with the token in place (a token's text is at most ~20 bytes more than the
+        # [MASK] it replaces), its token_str, score and keys
+        return len(positions) * options.top_k * (sequence_bytes + 128) + 64
 
     def decode(self, tokenizer, spec, prepared, outputs, options) -> list[Any]:
         return [describe_candidates(tokenizer, p.state[0], p.state[1], out[0]["top_ids"], out[0]["top_probs"])

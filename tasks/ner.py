@@ -10,7 +10,9 @@ into overlapping windows of `max_seq_length` tokens (nothing is truncated), and 
 merges their logits, taking each token's logits from the window where the token has the most
 context on both sides (the "max context" rule of BERT's run_squad.py; averaging would mix in the
 predictions made with little context at window edges), then aggregates tokens into entities as
-transformers' TokenClassificationPipeline does. Offsets are Python str indices into the caller's text.
+transformers' TokenClassificationPipeline does, with rules of its own for hyphens and for characters
+that became [UNK] at entity edges (see `decode_entities`). Offsets are Python str indices into the
+caller's text, and an entity's end never splits a grapheme cluster.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from tasks.classification import LabelSet, softmax
 from tasks.definition import Prepared, TaskDefinition, margin
 from tasks.graphemes import extend_end
 from tasks.ner_metrics import OUTSIDE, split_tag
-from tasks.tokenizer import CLS, SEP, EncodedInput, encode
+from tasks.tokenizer import CLS, SEP, UNK, EncodedInput, encode
 
 IGNORE_INDEX = -100  # label of the tokens the loss ignores (PyTorch's CrossEntropyLoss default)
 AGGREGATIONS = ("none", "simple", "first", "average", "max")
@@ -131,15 +133,17 @@ class NERWindows(Sequence[EncodedInput]):
     """Overlapping windows over the tokens of one text; a sequence of `[CLS] ... [SEP]` inputs
     ready for `pad_batch`, plus what decoding needs (token offsets and word ids of the text)."""
 
-    __slots__ = ("text", "items", "starts", "offsets", "word_ids")
+    __slots__ = ("text", "items", "starts", "offsets", "word_ids", "unknown")
 
     def __init__(self, text: str, items: list[EncodedInput], starts: np.ndarray, offsets: np.ndarray,
-                 word_ids: np.ndarray):
+                 word_ids: np.ndarray, unknown: np.ndarray | None = None):
         self.text = text
         self.items = items
         self.starts = starts  # (K,) the text token each window begins with
         self.offsets = offsets  # (N, 2) character span of each text token
         self.word_ids = word_ids  # (N,) pre-tokenizer word of each text token
+        # (N,) the token is the vocabulary's unknown token ([UNK]): the tokenizer did not understand its characters
+        self.unknown = np.zeros(len(offsets), dtype=bool) if unknown is None else unknown
 
     @property
     def num_tokens(self) -> int:
@@ -189,7 +193,9 @@ def ner_windows(tokenizer: Tokenizer, text: str, max_seq_length: int = 128, stri
         ))
     offsets_array = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
     word_array = np.asarray([-1 if w is None else w for w in word_ids], dtype=np.int64)
-    return NERWindows(text, items, np.asarray(starts, dtype=np.int64), offsets_array, word_array)
+    unk_id = tokenizer.token_to_id(getattr(tokenizer.model, "unk_token", None) or UNK)
+    unknown = np.asarray(ids, dtype=np.int64) == (-1 if unk_id is None else unk_id)
+    return NERWindows(text, items, np.asarray(starts, dtype=np.int64), offsets_array, word_array, unknown)
 
 
 def merge_window_logits(windows: NERWindows, logits_per_window: Sequence[np.ndarray] | np.ndarray) -> np.ndarray:
@@ -217,27 +223,125 @@ def merge_window_logits(windows: NERWindows, logits_per_window: Sequence[np.ndar
     return merged
 
 
-def _group_entities(
-    text: str, label_ids: np.ndarray, unit_scores: np.ndarray, starts: np.ndarray, ends: np.ndarray,
-    names: list[str], ignore_labels: Sequence[str],
-) -> list[dict]:
-    """transformers' group_entities: adjacent units of one type merge unless the next is B-;
-    the entity is named by the type of its first unit and scored by the mean of its units."""
+# Hyphens join the parts of one name ("Jean-Pierre", "Coca-Cola"): hyphen-minus, the Unicode hyphen and
+# non-breaking hyphen, the small and full-width hyphen-minus, and the Armenian, Hebrew (maqaf), Mongolian,
+# Fraktur double and katakana double hyphens. Dashes (en, em) are not hyphens: they separate ("Paris–Berlin").
+HYPHENS = frozenset("-\u2010\u2011\u058a\u05be\u1806\u2e17\ufe63\uff0d\u30a0")
+
+
+@dataclass(frozen=True)
+class _Units:
+    """What grouping decides on: tokens (`simple`) or words (`first` / `average` / `max`), in text order."""
+
+    label_ids: np.ndarray  # (U,) the unit's label
+    scores: np.ndarray  # (U,) the unit's score for that label
+    starts: np.ndarray  # (U,) character span of the unit
+    ends: np.ndarray
+    head_end: np.ndarray  # (U,) end of the unit's first token
+    tail_start: np.ndarray  # (U,) start of the unit's last token
+    unknown_head: np.ndarray  # (U,) the unit's first token is [UNK]
+    unknown_tail: np.ndarray  # (U,) the unit's last token is [UNK]
+
+
+def _clusters(text: str, start: int, end: int) -> list[tuple[int, int]]:
+    """The grapheme clusters of text[start:end] (the last one cut at `end`), see tasks.graphemes."""
+    out = []
+    while start < end:
+        stop = min(max(extend_end(text, start + 1), start + 1), end)
+        out.append((start, stop))
+        start = stop
+    return out
+
+
+def _trimmed_start(text: str, units: _Units, u: int) -> int | None:
+    """Where an entity beginning with unit `u` begins: past the leading clusters of its [UNK] token that are
+    not alphanumeric; None when nothing of the unit is left."""
+    if not units.unknown_head[u]:
+        return int(units.starts[u])
+    head_end = int(units.head_end[u])
+    for s, _ in _clusters(text, int(units.starts[u]), int(units.ends[u])):
+        if s >= head_end or text[s].isalnum():
+            return s
+    return None
+
+
+def _trimmed_end(text: str, units: _Units, u: int) -> int | None:
+    """Where an entity ending with unit `u` ends: before the trailing clusters of its [UNK] token that are
+    not alphanumeric; None when nothing of the unit is left."""
+    if not units.unknown_tail[u]:
+        return int(units.ends[u])
+    tail_start = int(units.tail_start[u])
+    for s, e in reversed(_clusters(text, int(units.starts[u]), int(units.ends[u]))):
+        if e <= tail_start or text[s].isalnum():
+            return e
+    return None
+
+
+def _is_hyphen(text: str, units: _Units) -> np.ndarray:
+    """(U,) the unit is one hyphen character."""
+    out = np.zeros(len(units.starts), dtype=bool)
+    for u in np.flatnonzero(units.ends - units.starts == 1).tolist():
+        out[u] = text[units.starts[u]] in HYPHENS
+    return out
+
+
+def _no_space(text: str, start: int, end: int) -> bool:
+    """Nothing but characters the normalizer dropped (combining marks, joiners) between two units, no space."""
+    return not any(ch.isspace() for ch in text[start:end])
+
+
+def _group_entities(text: str, units: _Units, names: list[str], ignore_labels: Sequence[str]) -> list[dict]:
+    """transformers' group_entities, then the hyphen and edge rules of `decode_entities`.
+
+    transformers: adjacent units of one type merge unless the next is B-; the entity is named by the type of
+    its first unit and scored by the mean of its units.
+    """
+    label_ids = units.label_ids
     tag_types = np.array([n[2:] if n.startswith(("B-", "I-")) else n for n in names], dtype=object)
     type_ids = np.unique(tag_types, return_inverse=True)[1][label_ids]
+    entity_names = [n.split("-", 1)[-1] for n in names]  # what an entity is called (and ignored by)
     is_begin = np.array([n.startswith("B-") for n in names], dtype=bool)[label_ids]
     new_group = np.ones(len(label_ids), dtype=bool)
     new_group[1:] = (type_ids[1:] != type_ids[:-1]) | is_begin[1:]
+
+    # A hyphen with no space on either side, between two units of one entity type, joins them.
+    is_hyphen = _is_hyphen(text, units)
+    joiner = np.zeros(len(label_ids), dtype=bool)
+    for h in np.flatnonzero(is_hyphen[1:-1]).tolist():
+        before, h, after = h, h + 1, h + 2
+        if (type_ids[before] == type_ids[after] and entity_names[label_ids[before]] not in ignore_labels
+                and _no_space(text, int(units.ends[before]), int(units.starts[h]))
+                and _no_space(text, int(units.ends[h]), int(units.starts[after]))):
+            joiner[h] = True
+            new_group[h] = new_group[after] = False
+
     first = np.flatnonzero(new_group)
     last = np.r_[first[1:], len(label_ids)] - 1
-    mean_scores = np.add.reduceat(unit_scores.astype(np.float64), first) / (last - first + 1)
+    scores = units.scores.astype(np.float64)
     entities = []
-    for f, la, score in zip(first.tolist(), last.tolist(), mean_scores.tolist()):
-        name = names[label_ids[f]].split("-", 1)[-1]
+    for f, la in zip(first.tolist(), last.tolist()):
+        name, group_type = entity_names[label_ids[f]], type_ids[f]
         if name in ignore_labels:
             continue
-        start, end = int(starts[f]), int(ends[la])
-        entities.append({"entity": name, "score": score, "text": text[start:end], "start": start, "end": end})
+        # The edges: no hyphen, no character of an [UNK] that is not alphanumeric.
+        start = end = None
+        while f <= la:
+            start = None if is_hyphen[f] else _trimmed_start(text, units, f)
+            if start is not None:
+                break
+            f += 1
+        while la >= f:
+            end = None if is_hyphen[la] else _trimmed_end(text, units, la)
+            if end is not None:
+                break
+            la -= 1
+        if f > la or start is None or end is None:
+            continue
+        # A joining hyphen counts in the score only when the model tagged it with the entity's type.
+        counted = [u for u in range(f, la + 1) if not joiner[u] or type_ids[u] == group_type]
+        end = extend_end(text, end)
+        entities.append({"entity": name, "score": float(scores[counted].mean()), "text": text[start:end],
+                         "start": start, "end": end})
     return entities
 
 
@@ -250,16 +354,47 @@ def decode_entities(
     ignore_labels: Sequence[str] = (OUTSIDE,),
 ) -> list[dict]:
     """Entities `{"entity", "score", "text", "start", "end"}` in text order, `text[start:end]` being
-    the entity's text. Aggregation as transformers' TokenClassificationPipeline:
+    the entity's text (Python str indices into `text`). Aggregation as transformers'
+    TokenClassificationPipeline:
 
-    - `none`: one result per token, `entity` the raw tag (B-PER, ...);
+    - `none`: one result per token, `entity` the raw tag (B-PER, ...), the token's own span (an [UNK]
+      with all its characters; the end moved past any combining accent the normalizer stripped);
     - `simple`: tokens grouped into entities (`entity` the type): B-X I-X I-X is one entity,
       B-X B-X two; the score is the mean of the token scores;
     - `first` / `average` / `max`: first each word (pre-tokenizer word: split at spaces and
       punctuation) gets one label, from its first token's scores, from the average of its tokens'
       scores, or from its most confident token; then words are grouped as in `simple`.
 
-    Tags in `ignore_labels` (entity types, for the grouped strategies) are left out.
+    The grouped strategies then apply three rules of their own, where the pipeline would return
+    characters that are not part of a name:
+
+    1. Hyphens. A hyphen (see `HYPHENS`; not a dash) with no space on either side, between two units
+       (tokens or words) tagged with the same entity type, is inside that entity, and the unit after it
+       continues the entity even when tagged B-: "Jean-Pierre Müller-Lüdenscheidt" tagged
+       B-PER O B-PER I-PER O I-PER is one PER. Why: BERT's pre-tokenizer cuts "Müller-Lüdenscheidt"
+       into three words, but the model was trained on whitespace-separated words (CoNLL) whose label sits
+       on the first token: the hyphen and the part after it are later tokens of one word, trained as I-X
+       or not at all, so their own B- or O is noise, while the same type on both sides is the evidence.
+       So "Paris-Berlin" with both cities tagged LOC is one LOC, as CoNLL (one tag per such word) has it.
+       A hyphen between different types, between a tagged and an untagged unit, or with a space next to
+       it joins nothing: it is in an entity only where the model's own tags put it inside one, never at
+       an edge (rule 2: "Paris-based" gives "Paris", even with the hyphen tagged I-LOC).
+    2. Edges. An entity never begins or ends with a hyphen, nor with a character that became [UNK] and is
+       not alphanumeric (letters and digits of any script): such characters are trimmed off its edges, a
+       unit left empty is dropped (and its score with it), an entity left empty is dropped. The
+       WordPiece [UNK] stands for a whole pre-tokenizer word ("🚀Acme" is one [UNK]), so a tag on it is
+       about the word's letters at best: the emoji the vocabulary does not know is no evidence of a
+       name ("🚀Acme Corp" tagged as an ORG gives "Acme Corp"). Inside an entity, an [UNK] the model
+       tagged with the entity's type stays ("Acme 🚀 Corp" all ORG is one entity); one it tagged O splits
+       the entity as any O does. The pipeline treats an [UNK] as a word of its own (never a subword) too,
+       but returns its whole span.
+    3. Characters as people see them: trimming removes whole grapheme clusters (an emoji with its
+       skin tone, variation selector or zero-width-joiner sequence, a flag), and an entity's end never
+       splits one (it moves past combining accents the normalizer stripped, see `tasks.graphemes`).
+
+    Otherwise spans and scores are the pipeline's: they differ only where these rules apply. The
+    entity's score is the mean of its units' scores, a joining hyphen counted only when tagged with the
+    entity's type. Tags in `ignore_labels` (entity types, for the grouped strategies) are left out.
     """
     if text != windows.text:
         raise ValueError("the windows were made from a different text")
@@ -277,14 +412,16 @@ def decode_entities(
         label_ids = scores.argmax(axis=1)
         token_scores = scores[np.arange(len(scores)), label_ids]
         if aggregation == "simple":
-            return _group_entities(text, label_ids, token_scores, starts, ends, names, ignore_labels)
+            units = _Units(label_ids, token_scores, starts, ends, ends, starts, windows.unknown, windows.unknown)
+            return _group_entities(text, units, names, ignore_labels)
         ignored = np.array([name in ignore_labels for name in names], dtype=bool)
         keep = np.flatnonzero(~ignored[label_ids])
-        return [
-            {"entity": names[label_ids[i]], "score": float(token_scores[i]), "text": text[starts[i] : ends[i]],
-             "start": int(starts[i]), "end": int(ends[i])}
-            for i in keep.tolist()
-        ]
+        entities = []
+        for i in keep.tolist():
+            start, end = int(starts[i]), extend_end(text, int(ends[i]))
+            entities.append({"entity": names[label_ids[i]], "score": float(token_scores[i]),
+                             "text": text[start:end], "start": start, "end": end})
+        return entities
 
     word_ids = windows.word_ids
     new_word = np.ones(len(word_ids), dtype=bool)
@@ -304,7 +441,9 @@ def decode_entities(
         word_scores = scores[chosen]
     label_ids = word_scores.argmax(axis=1)
     unit_scores = word_scores[np.arange(len(word_scores)), label_ids]
-    return _group_entities(text, label_ids, unit_scores, starts[first], ends[last], names, ignore_labels)
+    units = _Units(label_ids, unit_scores, starts[first], ends[last], ends[first], starts[last],
+                   windows.unknown[first], windows.unknown[last])
+    return _group_entities(text, units, names, ignore_labels)
 
 
 # -- the task definition -------------------------------------------------------------------------------
@@ -373,13 +512,8 @@ class NERTask(TaskDefinition):
         results = []
         for item, out in zip(prepared, outputs):
             text = item.state.text
-            entities = decode_entities(text, item.state, [o["logits"] for o in out], spec.labels,
-                                       aggregation=options.aggregation)
-            for entity in entities:
-                end = extend_end(text, entity["end"])
-                if end != entity["end"]:
-                    entity["end"], entity["text"] = end, text[entity["start"]:end]
-            results.append(entities)
+            results.append(decode_entities(text, item.state, [o["logits"] for o in out], spec.labels,
+                                           aggregation=options.aggregation))
         return results
 
     def served_input(self, example: Any) -> str:

@@ -88,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from service.app import create_app
+    from service.connections import connection_protocol
     from service.models import RepositoryError
     from service.runtime import Phase, Runtime
 
@@ -133,6 +134,8 @@ def run(args: argparse.Namespace) -> int:
         create_app(settings, runtime), host=settings.host, port=settings.port, log_config=log_config,
         log_level=settings.log_level.lower(), access_log=False, lifespan="on",
         timeout_graceful_shutdown=settings.shutdown_timeout_s,  # 0: in-flight requests are not waited for
+        # httptools with a deadline for request heads and a cap on open connections (service/connections.py)
+        http=connection_protocol(settings), timeout_keep_alive=settings.keep_alive_timeout_s,  # a float works
     )
     server = Server(config)
     server.run()

@@ -56,34 +56,34 @@ async def _post_all(url: str, route: str, bodies: list[dict]) -> list[httpx.Resp
         return await asyncio.gather(*(client.post(route, json=body) for body in bodies))
 
 
+def answered_at_once(server: ServerProcess, route: str, bodies: list[dict]) -> tuple[list[dict], int]:
+    """Every body's answer (all 200), sent at once after the route's shapes were seen once, and how many bytes
+    the server's RSS grew meanwhile."""
+    warm = httpx.post(server.url + route, json={**bodies[0], "inputs": bodies[0]["inputs"][:4]}, timeout=120)
+    assert warm.status_code == 200, warm.text
+    before = rss_bytes(server.process.pid)
+    responses = asyncio.run(_post_all(server.url, route, bodies))
+    grown = rss_bytes(server.process.pid) - before
+    assert [r.status_code for r in responses] == [200] * len(bodies), [r.text[:200] for r in responses]
+    return [r.json() for r in responses], grown
+
+
 def test_four_concurrent_heavy_embedding_requests_grow_rss_by_less_than_200_mb(lean_server):
     bodies = [{"model": "embeddings", "inputs": long_texts(128, 1100, shift=40 * n)} for n in range(4)]
-    warm = httpx.post(lean_server.url + "/v1/embed", json={"model": "embeddings", "inputs": bodies[0]["inputs"][:8]},
-                      timeout=120)
-    assert warm.status_code == 200, warm.text
-    before = rss_bytes(lean_server.process.pid)
-    responses = asyncio.run(_post_all(lean_server.url, "/v1/embed", bodies))
-    after = rss_bytes(lean_server.process.pid)
-    assert [r.status_code for r in responses] == [200] * 4, [r.text[:200] for r in responses]
-    results = responses[0].json()["results"]
+    answers, grown = answered_at_once(lean_server, "/v1/embed", bodies)
+    results = answers[0]["results"]
     assert len(results) == 128 and len(results[0]["embedding"]) == 384
-    assert after - before < GROWTH_LIMIT_BYTES, f"RSS grew {(after - before) / 2**20:.0f} MiB"
+    assert grown < GROWTH_LIMIT_BYTES, f"RSS grew {grown / 2**20:.0f} MiB"
 
 
 def test_four_concurrent_fill_mask_requests_of_long_texts_grow_rss_by_less_than_200_mb(lean_server):
     bodies = [{"model": "masker", "inputs": [t[:300].rsplit(" ", 1)[0] + " [MASK]." for t in long_texts(64, 400, 9 * n)]}
               for n in range(4)]
-    warm = httpx.post(lean_server.url + "/v1/fill-mask", json={"model": "masker", "inputs": bodies[0]["inputs"][:4]},
-                      timeout=120)
-    assert warm.status_code == 200, warm.text
-    before = rss_bytes(lean_server.process.pid)
-    responses = asyncio.run(_post_all(lean_server.url, "/v1/fill-mask", bodies))
-    after = rss_bytes(lean_server.process.pid)
-    assert [r.status_code for r in responses] == [200] * 4, [r.text[:200] for r in responses]
-    first = responses[0].json()["results"][0]
+    answers, grown = answered_at_once(lean_server, "/v1/fill-mask", bodies)
+    first = answers[0]["results"][0]
     assert len(first) == 5 and first[0]["score"] >= first[-1]["score"]
     # 64 texts of ~70 tokens with 30,522 float32 logits per token held ~550 MB per request before
-    assert after - before < GROWTH_LIMIT_BYTES, f"RSS grew {(after - before) / 2**20:.0f} MiB"
+    assert grown < GROWTH_LIMIT_BYTES, f"RSS grew {grown / 2**20:.0f} MiB"
 
 
 def test_a_token_output_too_large_to_answer_is_refused_before_inference_naming_the_figure_and_the_limit(lean_server):

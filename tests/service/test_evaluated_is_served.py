@@ -13,8 +13,10 @@ import httpx
 import numpy as np
 import pytest
 
+from tasks.ner import ner_windows
 from tests.service import reference
 from tests.service.conftest import API_KEY
+from tests.tasks.test_ner import pipeline_spans_trimmed
 from training.evaluate import evaluate_model
 
 NER_SENTENCES = 40
@@ -157,8 +159,11 @@ def test_ner_on_conll_dev_matches_the_transformers_pipeline(client, checkpoints,
     assert len(texts) == 20
     found = post(client, "/v1/ner", {"model": "entities", "inputs": texts, "aggregation": aggregation})
     for text, got in zip(texts, found):
-        want = reference.entities(checkpoints["entities"], text, aggregation)
-        assert [(e["entity"], e["start"], e["end"]) for e in got] == [(e["entity"], e["start"], e["end"]) for e in want]
+        want = [(e["entity"], e["start"], e["end"], None) for e in reference.entities(checkpoints["entities"], text,
+                                                                                      aggregation)]
+        if aggregation != "none":  # tasks.ner's documented edge rule: the pipeline may return "all-"
+            want = pipeline_spans_trimmed(text, ner_windows(tokenizer, text), want)
+        assert [(e["entity"], e["start"], e["end"]) for e in got] == [w[:3] for w in want]
 
 
 def test_classification_on_sst2_dev_matches_the_transformers_pipeline(client, checkpoints, shared_data):

@@ -39,7 +39,7 @@ def test_a_burst_on_a_tiny_queue_gets_429s_and_right_answers(bundle_repository, 
 
         responses = asyncio.run(burst())
         statuses = [r.status_code for r in responses]
-        assert set(statuses) <= {200, 429, 503}, statuses
+        assert set(statuses) <= {200, 429}, statuses  # overload is 429; 503 only when not ready or draining
         refused = [r for r in responses if r.status_code != 200]
         assert refused, "a burst of 80 requests on a queue of 4 items should refuse some"
         for r in refused:

@@ -149,9 +149,9 @@ def test_missing_tokenizer_is_refused(bundle_folder):
 def test_unknown_format_version_is_refused(bundle_folder):
     manifest_path = bundle_folder / MANIFEST_FILE
     manifest = json.loads(manifest_path.read_text())
-    manifest["format_version"] = 2
+    manifest["format_version"] = FORMAT_VERSION + 1
     manifest_path.write_text(json.dumps(manifest))
-    with pytest.raises(BundleError, match="unknown format_version 2"):
+    with pytest.raises(BundleError, match=f"unknown format_version {FORMAT_VERSION + 1}"):
         load_bundle(bundle_folder)
 
 

@@ -301,9 +301,33 @@ def test_ignore_labels_and_errors(satya):
         decode_entities(text, windows, logits, labels[:-1])
 
 
+def pipeline_spans_trimmed(text: str, windows, reference: list[tuple]) -> list[tuple]:
+    """The pipeline's entities with the edge rule of `decode_entities` applied: no hyphen, space, or character
+    of an [UNK] that is not alphanumeric at either end (entities left empty are gone; the score is None
+    where a span changed: the trimmed units no longer count in it)."""
+    unknown = np.zeros(len(text), dtype=bool)
+    for start, end in windows.offsets[windows.unknown].tolist():
+        unknown[start:end] = True
+
+    def cut(i: int) -> bool:
+        return text[i].isspace() or text[i] in "-\u2010\u2011" or (unknown[i] and not text[i].isalnum())
+
+    out = []
+    for name, start, end, score in reference:
+        s, e = start, end
+        while s < e and cut(s):
+            s += 1
+        while e > s and cut(e - 1):
+            e -= 1
+        if s < e:
+            out.append((name, s, e, score if (s, e) == (start, end) else None))
+    return out
+
+
 def test_strategies_match_transformers_pipeline(tokenizer, base_path):
     """Same logits, same answers as transformers' TokenClassificationPipeline (a seeded random head
-    on the real checkpoint, sharpened so that tags vary from token to token)."""
+    on the real checkpoint, sharpened so that tags vary from token to token), but for the documented
+    edge rule: the pipeline may end an entity with the [UNK] of the emoji."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     torch.set_num_threads(1)
@@ -326,8 +350,10 @@ def test_strategies_match_transformers_pipeline(tokenizer, base_path):
         for strategy in ("none", *STRATEGIES):
             reference = [(e.get("entity_group", e.get("entity")), int(e["start"]), int(e["end"]), float(e["score"]))
                          for e in pipe(text, aggregation_strategy=strategy)]
+            if strategy != "none":  # tokens as they are
+                reference = pipeline_spans_trimmed(text, windows, reference)
             ours = [(e["entity"], e["start"], e["end"], e["score"])
                     for e in decode_entities(text, windows, [logits], CONLL_LABELS, aggregation=strategy)]
             assert len(ours) == len(reference) > 3, strategy
             for a, b in zip(ours, reference):
-                assert a[:3] == b[:3] and a[3] == pytest.approx(b[3], abs=1e-5), strategy
+                assert a[:3] == b[:3] and (b[3] is None or a[3] == pytest.approx(b[3], abs=1e-5)), strategy

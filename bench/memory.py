@@ -1,0 +1,181 @@
+"""The service's memory model, measured: idle RSS per model, and what the heaviest valid requests add.
+
+Starts `berth serve` on a model repository with the service's default limits (nothing set but the port), reads
+its idle RSS from /proc, then for each route sends `--concurrency` copies at once of the heaviest request the
+default limits accept for it (the most inputs and tokens that pass max_inputs_per_request,
+max_tokens_per_request and max_response_bytes), sampling the server's RSS every 10 ms: the peak growth is what
+that many such requests cost at once. A request the limits refuse is reported with its status (the figure
+then is what a refusal costs). Writes JSON with the machine facts and prints a table.
+
+    python -m bench.memory --models models --out bench/results/memory-defaults.json
+    python -m bench.memory --models /tmp/repo --only sentiment,embeddings --concurrency 4
+    python -m bench.memory --table bench/results/memory-defaults.json    # the markdown table of a run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from bench.machine import machine_facts
+from bench.service_load import REPO, serve_repository
+
+SQUAD_SAMPLE = REPO / "data" / "samples" / "squad" / "dev.json"
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def paragraphs() -> list[str]:
+    data = json.loads(SQUAD_SAMPLE.read_text(encoding="utf-8"))
+    return [p["context"] for article in data["data"] for p in article["paragraphs"]]
+
+
+def text_of(words: int, shift: int) -> str:
+    """Real English text of about `words` words (SQuAD paragraphs joined)."""
+    pool = " ".join(paragraphs()[shift % 50:] + paragraphs()[: shift % 50]).split()
+    return " ".join(pool[:words])
+
+
+def heaviest(task: str, max_seq_length: int) -> tuple[str, dict[str, Any]] | None:
+    """The route and the heaviest body the default limits accept for a model of `task` (256 inputs, 32,768 tokens
+    a request, 32 MiB of answer): as many full-length inputs as the token budget allows."""
+    words = int(max_seq_length * 0.7)  # ~1.3 tokens a word: inputs near max_seq_length
+    count = min(256, 32_768 // max_seq_length)
+    texts = [text_of(words, i) for i in range(count)]
+    if task == "classification":
+        return "/v1/classify", {"inputs": texts}
+    if task == "pair":
+        return "/v1/pair", {"inputs": [{"text": t[: len(t) // 2], "text_pair": t[len(t) // 2:]} for t in texts]}
+    if task == "embedding":
+        return "/v1/embed", {"inputs": texts}
+    if task == "ner":
+        return "/v1/ner", {"inputs": [text_of(int(max_seq_length * 0.6), i) for i in range(count)]}  # one window each
+    if task == "qa":
+        long = [text_of(2000, i) for i in range(12)]  # 12 contexts of several windows each, ~30,000 tokens
+        return "/v1/qa", {"inputs": [{"question": "When was it founded?", "context": c} for c in long], "top_k": 20}
+    if task == "fill-mask":
+        masked = [" ".join(t.split()[:60]) + " " + " ".join(["[MASK]"] * 16) + "." for t in texts[:128]]
+        return "/v1/fill-mask", {"inputs": masked, "top_k": 5}
+    if task == "multiple-choice":
+        return "/v1/choice", {"inputs": [{"context": t[:300], "choices": [t[300:400] + str(k) for k in range(8)]}
+                                         for t in texts[: 32_768 // 128 // 8]]}
+    return None
+
+
+def post(port: int, route: str, body: dict[str, Any]) -> tuple[int, int, str]:
+    """(status, answer bytes, error message or "")."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{route}", data=json.dumps(body).encode("utf-8"),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=600) as response:
+            return response.status, len(response.read()), ""
+    except urllib.error.HTTPError as error:
+        text = error.read()
+        return error.code, len(text), text.decode("utf-8", "replace")[:300]
+
+
+def measure(port: int, pid: int, route: str, body: dict[str, Any], concurrency: int) -> dict[str, Any]:
+    post(port, route, {**body, "inputs": body["inputs"][:2]})  # this route's shapes seen once
+    before = rss_bytes(pid)
+    peak = [before]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], rss_bytes(pid))
+            time.sleep(0.01)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    started = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        answers = list(pool.map(lambda _: post(port, route, body), range(concurrency)))
+    seconds = time.perf_counter() - started
+    done.set()
+    sampler.join()
+    after = rss_bytes(pid)
+    return {"route": route, "inputs": len(body["inputs"]), "concurrency": concurrency,
+            "status": sorted({status for status, _, _ in answers}), "answer_bytes": max(size for _, size, _ in answers),
+            "errors": sorted({error for _, _, error in answers if error}),
+            "rss_before_mib": before / 2**20, "rss_peak_growth_mib": (peak[0] - before) / 2**20,
+            "rss_after_growth_mib": (after - before) / 2**20, "seconds": seconds}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The run as a markdown table (docs/SERVICE.md's is made from a run's JSON by `--table FILE`)."""
+    machine = result["machine"]
+    lines = [f"Idle RSS with {len(result['models'])} model(s): {result['idle_rss_mib']:.0f} MiB "
+             f"({machine['cpu_model']}, {machine['usable_cores']} cores, revision {machine['git_revision'][:8]}).", "",
+             "| model | route | inputs a request | at once | status | answer | RSS peak growth | RSS after |",
+             "|---|---|---:|---:|---|---:|---:|---:|"]
+    for row in result["rows"]:
+        lines.append(f"| {row['model']} | `{row['route']}` | {row['inputs']} | {row['concurrency']} | "
+                     f"{', '.join(map(str, row['status']))} | {row['answer_bytes'] / 2**20:.2f} MiB | "
+                     f"+{row['rss_peak_growth_mib']:.0f} MiB | +{row['rss_after_growth_mib']:.0f} MiB |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tasks.bundle import find_bundles, load_bundle
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--table", type=Path, help="print the markdown table of a run's JSON and stop")
+    parser.add_argument("--models", type=Path, help="a model repository (folder of bundles)")
+    parser.add_argument("--only", default="", help="comma-separated bundle names (default: all)")
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--request-timeout", type=float, default=600.0)
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "memory.json")
+    args = parser.parse_args(argv)
+    if args.table is not None:
+        print(markdown(json.loads(args.table.read_text(encoding="utf-8"))))
+        return 0
+    if args.models is None:
+        parser.error("--models is required (or --table FILE)")
+
+    bundles = {b.name: load_bundle(b) for b in find_bundles(args.models)}
+    names = [n for n in args.only.split(",") if n] or sorted(bundles)
+    result: dict[str, Any] = {"machine": machine_facts(args.threads), "repository": str(args.models),
+                              "models": names, "rows": []}
+    work = args.out.parent / "memory-logs"
+    work.mkdir(parents=True, exist_ok=True)
+    # the default limits, but time enough for --concurrency of the heaviest requests on a small machine
+    serve_args = [arg for n in names for arg in ("--model", n)] + ["--request-timeout", str(args.request_timeout)]
+    port, server = serve_repository(args.models, args.threads, work, serve_args)
+    with server as proc:
+        time.sleep(2)
+        result["idle_rss_mib"] = rss_bytes(proc.pid) / 2**20
+        print(f"idle RSS with {len(names)} model(s): {result['idle_rss_mib']:.0f} MiB")
+        for name in names:
+            spec = bundles[name].spec()
+            plan = heaviest(spec.task, spec.max_seq_length)
+            if plan is None:
+                continue
+            row = {"model": name, "task": spec.task, **measure(port, proc.pid, *plan, args.concurrency)}
+            result["rows"].append(row)
+            print(f"{name:12s} {row['route']:14s} {row['inputs']:4d} inputs x{row['concurrency']}: status "
+                  f"{row['status']}, answer {row['answer_bytes'] / 2**20:6.2f} MiB, RSS peak +"
+                  f"{row['rss_peak_growth_mib']:.0f} MiB, after +{row['rss_after_growth_mib']:.0f} MiB, "
+                  f"{row['seconds']:.1f} s {' '.join(row['errors'])[:200]}")
+        result["rss_end_mib"] = rss_bytes(proc.pid) / 2**20
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(markdown(result))
+    print(f"written {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
