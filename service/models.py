@@ -93,6 +93,16 @@ class OnnxEngine:
         `session.run` then raises in the thread running it)."""
         return onnxruntime.RunOptions()
 
+    def bytes_per_token(self) -> int:
+        """Bytes a padded token adds to this session's per-token outputs ((batch, sequence, ...) with static inner
+        dimensions, e.g. fill-mask's (B, T, 30,522) logits: 122,088), as float32; 0 when it has none."""
+        total = 0
+        for output in self.session.get_outputs():
+            inner = output.shape[2:]
+            if len(output.shape) >= 3 and all(isinstance(d, int) for d in inner):
+                total += 4 * int(np.prod(inner))
+        return total
+
     def __call__(self, feeds: dict[str, np.ndarray], output_names: Sequence[str] | None = None,
                  run_options: onnxruntime.RunOptions | None = None) -> dict[str, np.ndarray]:
         """Run one pass; only `output_names` (default: all the task's outputs) are fetched from the session.
@@ -264,6 +274,7 @@ def load_model(bundle: Bundle, settings: ServiceSettings, metrics: Metrics, intr
         pad_multiple=None if engine.provider == CUDA else settings.pad_multiple,  # GPUs: few shapes; CPUs: few pads
         table=batch_table(settings.batch_table, name),
         pass_tokens=None if engine.provider == CUDA else settings.cpu_pass_tokens or None,
+        output_tokens=settings.max_pass_output_bytes // engine.bytes_per_token() if engine.bytes_per_token() else None,
         max_consecutive_failures=settings.max_consecutive_failures,
         pipeline=settings.pipeline,
     )

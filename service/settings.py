@@ -44,6 +44,11 @@ class ServiceSettings(BaseModel):
         1024, ge=0, description="on the CPU without a batch_table: padded tokens (items x width) of one forward pass; "
                                 "more items go to another pass (past ~1,000 tokens a larger CPU batch only adds "
                                 "latency, docs/SERVICE.md). 0: max_batch_size and max_batch_tokens alone")
+    max_pass_output_bytes: int = Field(
+        64 * 1024 * 1024, ge=1024 * 1024,
+        description="bytes of per-token outputs one forward pass may return (fill-mask's logits are 122 KB a token "
+                    "on a 30,522-word vocabulary): a pass takes fewer tokens (at least one item), so what a pass "
+                    "holds is bounded in bytes as well as in tokens")
     batch_table: Path | None = Field(
         None, description="measured batch sizes (`python -m bench.batch_table`): a JSON file for every model, or a "
                           "folder of <model name>.json; a pass at a given padded length takes the table's best batch "

@@ -73,6 +73,8 @@ class BatchShape:
     table: BatchTable | None = field(default=None)  # measured batch size per width, capped by max_batch_size
     # CPU: padded tokens of one pass past which a larger batch only adds latency (without a measured table)
     pass_tokens: int | None = None
+    # padded tokens of one pass whose per-token outputs fit the pass's output byte budget (any device, any table)
+    output_tokens: int | None = None
 
     def width_for(self, length: int) -> int | None:
         """The padded width of a batch whose longest item has `length` tokens; None when too long."""
@@ -84,11 +86,13 @@ class BatchShape:
 
     def batch_size_for(self, width: int) -> int:
         """Most items in one pass at this width: the measured table's choice (else as many as `pass_tokens`
-        allows, at least one), never above max_batch_size."""
+        allows), within `output_tokens` and max_batch_size, at least one."""
         limit = self.max_batch_size if self.table is None else min(self.max_batch_size,
                                                                    self.table.best_batch_size(width))
         tokens = min(self.max_batch_tokens, self.pass_tokens) if self.pass_tokens and self.table is None \
             else self.max_batch_tokens
+        if self.output_tokens:
+            tokens = min(tokens, self.output_tokens)
         return max(1, min(limit, tokens // max(width, 1)))
 
     def fits(self, count: int, longest: int) -> bool:

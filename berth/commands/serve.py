@@ -29,7 +29,7 @@ FLAG_NAMES = {  # the flags' short names; every other setting is --its-name
 }
 GROUPS = {
     "what to serve, where": ["models", "model_names", "host", "port", "device", "warmup", "playground"],
-    "dynamic batching (per model)": ["max_batch_size", "max_batch_tokens", "max_wait_ms", "cpu_pass_tokens",
+    "dynamic batching (per model)": ["max_batch_size", "max_batch_tokens", "max_wait_ms", "cpu_pass_tokens", "max_pass_output_bytes",
                                      "batch_table", "pipeline", "length_buckets", "pad_multiple", "max_queue_items",
                                      "retry_after_s"],
     "request limits": ["max_inputs_per_request", "max_chars_per_input", "max_chars_per_request",

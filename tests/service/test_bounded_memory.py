@@ -100,3 +100,20 @@ def test_an_input_with_more_masks_than_the_limit_is_refused_naming_it(lean_serve
     many = "The " + " and ".join(["[MASK]"] * 17) + "."
     response = httpx.post(lean_server.url + "/v1/fill-mask", json={"model": "masker", "inputs": many}, timeout=60)
     assert response.status_code == 413 and "max_masks_per_input" in response.json()["error"], response.text
+
+
+def test_a_fill_mask_pass_returns_at_most_its_output_byte_budget(bundle_repository):
+    """The session's own output shape says what a token costs (30,522 float32 logits for the masker); the batch
+    shape the server runs with keeps a pass within max_pass_output_bytes (64 MiB: 4 items of 128 tokens)."""
+    from service.metrics import Metrics
+    from service.models import load_model
+    from service.settings import ServiceSettings
+    from tasks.bundle import load_bundle
+
+    settings = ServiceSettings(warmup=False, device="cpu", intra_op_threads=1)
+    model = load_model(load_bundle(bundle_repository / "masker"), settings, Metrics())
+    vocabulary = model.tokenizer.get_vocab_size()
+    assert model.engine.bytes_per_token() == 4 * vocabulary
+    budget_tokens = settings.max_pass_output_bytes // (4 * vocabulary)
+    for width in (16, 64, 128):
+        assert model.batcher.policy.batch_size_for(width) == min(settings.max_batch_size, budget_tokens // width)

@@ -60,6 +60,19 @@ def test_a_pass_token_budget_sets_the_batch_size_per_width_on_the_cpu():
     assert BatchShape([512], pad_multiple=8, pass_tokens=1024, table=table).batch_size_for(16) == 4
 
 
+def test_an_output_byte_budget_caps_the_tokens_of_a_pass_on_every_device_and_with_a_table():
+    # fill-mask on a 30,522-word vocabulary: 122,088 bytes of logits a token; 64 MiB -> 549 tokens
+    output_tokens = 64 * 2**20 // (30_522 * 4)
+    assert output_tokens == 549
+    cpu = BatchShape([512], max_batch_size=32, max_batch_tokens=8192, pad_multiple=8, pass_tokens=1024,
+                     output_tokens=output_tokens)
+    assert cpu.batch_size_for(128) == 4 and cpu.batch_size_for(24) == 22 and cpu.batch_size_for(512) == 1
+    gpu = BatchShape([128, 512], max_batch_size=32, max_batch_tokens=8192, output_tokens=output_tokens)
+    assert gpu.batch_size_for(128) == 4
+    table = BatchTable((128,), (16,))
+    assert BatchShape([512], pad_multiple=8, table=table, output_tokens=output_tokens).batch_size_for(128) == 4
+
+
 def test_each_item_gets_its_own_rows_in_the_order_given(tokenizer):
     texts = ["Short.", "A much longer sentence about ships and harbours at dawn, and more.", "Mid length one here."] * 5
     items = [encode(tokenizer, t) for t in texts]
