@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import Executor
@@ -202,11 +203,15 @@ def _mib(nbytes: int) -> str:
 DECODE_IN_THREAD_BYTES = 256 * 1024
 
 
+_WORD_CHARACTER = re.compile(r"\w")
+
+
 def fewest_tokens(texts: Iterable[str]) -> int:
-    """A lower bound on the tokens of these texts as model inputs: each whitespace-separated word is at least one
-    token, and every text has [CLS] and [SEP]. A request over max_tokens_per_request by this bound is refused
-    before it is tokenized at all."""
-    return sum(len(text.split()) + 2 for text in texts)
+    """A lower bound on the tokens of these texts as model inputs: a whitespace-separated word with a letter, digit
+    or underscore in it is at least one token (the normalizer never removes those; a word of only format
+    characters may vanish), and every text has at least its [SEP]. A request over max_tokens_per_request by this
+    bound is refused before it is tokenized at all."""
+    return sum(sum(1 for word in text.split() if _WORD_CHARACTER.search(word)) + 1 for text in texts)
 
 
 def check_budget(prepared: list[Any], settings: ServiceSettings) -> None:
@@ -227,20 +232,23 @@ async def _compute(model: ServedModel, handler: TaskHandler, inputs: list[Any], 
     timings = Timings()
     texts = [text for raw in inputs for _, text in handler.texts(raw)]
     chars = sum(len(text) for text in texts)
-    if chars > settings.max_tokens_per_request:  # only then can the words alone pass the token budget
-        least = fewest_tokens(texts)
-        if least > settings.max_tokens_per_request:
-            raise ServiceError(ErrorType.TOO_LARGE, f"the request makes at least {least} tokens; the limit is "
-                               f"{settings.max_tokens_per_request} (max_tokens_per_request)")
     # Small requests are tokenized inline (a thread hop costs more than they do); large ones in the
     # tokenizer thread, where `encode_batch` releases the GIL and the event loop keeps serving.
-    pool = runtime.tokenizer_pool if chars > settings.tokenize_in_thread_chars else None
+    pool = runtime.pool_for(chars)
+
+    def prepare() -> list[Any]:
+        if chars > settings.max_tokens_per_request:  # only then can the words alone pass the token budget
+            least = fewest_tokens(texts)
+            if least > settings.max_tokens_per_request:
+                raise ServiceError(ErrorType.TOO_LARGE, f"the request makes at least {least} tokens; the limit is "
+                                   f"{settings.max_tokens_per_request} (max_tokens_per_request)")
+        return handler.prepare(model, inputs, body)
 
     assert model.batcher is not None
     begin = time.perf_counter()
     model.batcher.expect(+1)  # the batcher may wait up to max_wait for these items, not longer
     try:
-        prepared = await _maybe_in_thread(pool, lambda: handler.prepare(model, inputs, body))
+        prepared = await _maybe_in_thread(pool, prepare)
         timings.tokenize_s = time.perf_counter() - begin
         check_budget(prepared, settings)
         handler.check_prepared(model, prepared, body, settings)

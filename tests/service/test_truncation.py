@@ -96,3 +96,25 @@ def test_a_qa_question_longer_than_the_model_reads_is_refused_not_cut(client):
                                                                         "context": "The school was founded in 1821."}})
     assert response.status_code == 413, response.text
     assert "inputs[0].question" in response.json()["error"] and "max_query_length" in response.json()["error"]
+
+
+def test_the_word_count_bound_never_exceeds_the_tokens_the_tokenizer_makes(bundle_repository):
+    from service.inference import fewest_tokens
+
+    tokenizer = Tokenizer.from_file(str(bundle_repository / "embeddings" / "tokenizer.json"))
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    texts = [*long_texts(20, 1500, shift=7), "\u200b \u200b\u200b word", "e\u0301 \u0301 \u0301\u0301", "🚀🚀 🚀 a",
+             "東京 大阪 北京", "don't stop-me now!!! ___ ...", "\t\n  ", "x"]
+    for text in texts:
+        sent = len(tokenizer.encode(text).ids)  # [CLS] ... [SEP]
+        assert fewest_tokens([text]) <= sent, text
+    # and a pair shares its specials: [CLS] a [SEP] b [SEP]
+    assert fewest_tokens(["one two", "three"]) <= len(tokenizer.encode("one two", "three").ids)
+
+
+def test_a_request_whose_words_alone_pass_the_token_budget_is_refused_before_tokenizing(client):
+    text = " ".join(["a"] * 49_000)  # 98,000 characters, 49,000 words: more than 32,768 tokens whatever they are
+    response = client.post("/v1/embed", json={"model": "embeddings", "inputs": [text, text]})
+    assert response.status_code == 413, response.text
+    assert "at least 98002 tokens" in response.json()["error"] and "max_tokens_per_request" in response.json()["error"]
