@@ -159,7 +159,7 @@ class ServedModel:
             "length_buckets": self.batcher.policy.buckets if self.batcher else [],
             "version_2_with_negative": (self.spec.version_2_with_negative
                                         if "handle_impossible" in self.definition.options.model_fields else None),
-            "ready": self.ready,
+            "ready": self.ready and (self.batcher is None or self.batcher.healthy),  # loaded, and not failing
             "examples": self.bundle.examples,
             "below_quality_floor": self.below_quality_floor,
         }

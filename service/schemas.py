@@ -280,7 +280,10 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorBody, "description": "unknown model, or no model of this route's task"},
     413: {"model": ErrorBody, "description": "body, input count, input length or (truncate false) tokens too large"},
     422: {"model": ErrorBody, "description": "invalid body, or a model of another task (the message names its route)"},
-    429: {"model": ErrorBody, "description": "queue full; retry after the Retry-After header's seconds"},
-    503: {"model": ErrorBody, "description": "starting or shutting down; Retry-After"},
+    429: {"model": ErrorBody, "description": "busy: the model's queue, the requests in progress, the bodies arriving "
+                                             "or the answers in progress are at their limit; retry after the "
+                                             "Retry-After header's seconds"},
+    503: {"model": ErrorBody, "description": "not ready: starting, shutting down, or the model is failing (its canary "
+                                             "pass retries it); Retry-After"},
     504: {"model": ErrorBody, "description": "not answered within the request timeout"},
 }

@@ -235,6 +235,8 @@ def test_ready_models_keep_the_pod_ready_while_another_model_is_out(bundle_repos
             status, body = readyz(proc.url)
             assert status == 200 and body["status"] == "ready"  # embeddings is not one the pod waits for
             assert body["models"]["embeddings"]["ready"] is False and body["models"]["sentiment"]["ready"] is True
+            listed = {m["name"]: m["ready"] for m in c.get("/v1/models").json()["models"]}
+            assert listed == {"embeddings": False, "sentiment": True}  # /v1/models says so too
             refused = c.post("/v1/embed", json={"inputs": SHORT})
             assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1
             assert "not ready" in refused.json()["error"]
