@@ -38,6 +38,7 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from service.errors import ErrorType
+from service.metrics import Metrics
 from service.settings import ServiceSettings
 
 log = logging.getLogger("berth.service")
@@ -69,6 +70,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     header_timeout_s: float = 10.0
     max_connections: int = 1024
     retry_after_s: int = 1
+    metrics: Metrics | None = None  # berth_open_connections, berth_connections_closed_total
     _last_refusal_log = 0.0  # class-wide: at most one warning about refused connections per 10 s
     _refusals_unlogged = 0
 
@@ -86,6 +88,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._refuse(transport)
             return
         super().connection_made(transport)
+        if self.metrics is not None:
+            self.metrics.open_connections.inc()
         self._arm()
 
     def data_received(self, data: bytes) -> None:
@@ -102,6 +106,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._head_bytes += len(data)  # all of `data` was head (no body in it, no head completed)
             if self._head_bytes > MAX_HEAD_BYTES:
                 self._disarm()
+                self._count_closed("head_too_large")
                 self.transport.write(raw_error(431, "Request Header Fields Too Large", ErrorType.TOO_LARGE,
                                                f"request head larger than {MAX_HEAD_BYTES} bytes"))
                 self.transport.close()
@@ -110,6 +115,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._disarm()
         if self._refused is not None:
             return  # never joined uvicorn's connections
+        if self.metrics is not None:
+            self.metrics.open_connections.dec()
         super().connection_lost(exc)
 
     # -- httptools parser callbacks (the parser calls them on this object)
@@ -148,12 +155,18 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def _head_timed_out(self) -> None:
         self._head_timer = None
         if not self.transport.is_closing():
+            self._count_closed("header_timeout")
             self.transport.close()
+
+    def _count_closed(self, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.connections_closed.labels(reason).inc()
 
     # -- beyond the cap
     def _refuse(self, transport: asyncio.Transport) -> None:
         self.transport = transport
         self._refused = bytearray()
+        self._count_closed("over_limit")
         self._head_timer = self.loop.call_later(min(REFUSED_WAIT_S, self.header_timeout_s), transport.close)
         cls = GuardedHttpToolsProtocol
         cls._refusals_unlogged += 1
@@ -172,10 +185,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.transport.close()
 
 
-def connection_protocol(settings: ServiceSettings) -> type[GuardedHttpToolsProtocol]:
-    """The protocol class for `uvicorn.Config(http=...)`, with the settings' deadline and cap."""
+def connection_protocol(settings: ServiceSettings, metrics: Metrics | None = None) -> type[GuardedHttpToolsProtocol]:
+    """The protocol class for `uvicorn.Config(http=...)`, with the settings' deadline and cap, counting into
+    `metrics`."""
     return type("BerthHttpProtocol", (GuardedHttpToolsProtocol,), {
         "header_timeout_s": settings.header_timeout_s,
         "max_connections": settings.max_connections,
         "retry_after_s": settings.retry_after_s,
+        "metrics": metrics,
     })

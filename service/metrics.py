@@ -22,6 +22,7 @@ REJECT_REASONS = ("queue_full", "not_accepting", "too_large")  # an item refused
 CANARY_KINDS = ("probe", "confirm")  # on a timer while the model is not ready | after a pass whose every item failed
 CANARY_OUTCOMES = ("passed", "failed")
 FAILURE_KINDS = ("timeout", "error", "nonfinite")  # why a pass counted against the model (service/batcher.py)
+CLOSE_REASONS = ("header_timeout", "over_limit", "head_too_large")  # connections the server closed itself
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -100,6 +101,16 @@ class Metrics:
             "berth_model_failures", "Forward passes counted against the model (toward max_consecutive_failures), "
             "by kind: timeout, error or nonfinite (the last two only when a canary pass failed too)",
             ["model", "kind"], registry=r)
+
+        self.open_connections = Gauge(
+            "berth_open_connections", "HTTP connections open now (those refused beyond max_connections not counted)",
+            registry=r)
+        self.connections_closed = Counter(
+            "berth_connections_closed", "Connections the server closed itself, by reason: header_timeout (no "
+            "complete request head within header_timeout_s), over_limit (beyond max_connections, after a 503), "
+            "head_too_large (431)", ["reason"], registry=r)
+        for reason in CLOSE_REASONS:
+            self.connections_closed.labels(reason)
 
     def register_model(self, model: str, task: str, precision: str, provider: str) -> None:
         self.model_info.labels(model, task, precision, provider).set(1)

@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
         log_level=settings.log_level.lower(), access_log=False, lifespan="on",
         timeout_graceful_shutdown=settings.shutdown_timeout_s,  # 0: in-flight requests are not waited for
         # httptools with a deadline for request heads and a cap on open connections (service/connections.py)
-        http=connection_protocol(settings), timeout_keep_alive=settings.keep_alive_timeout_s,  # a float works
+        http=connection_protocol(settings, runtime.metrics), timeout_keep_alive=settings.keep_alive_timeout_s,  # a float works
     )
     server = Server(config)
     server.run()

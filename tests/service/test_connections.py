@@ -137,6 +137,7 @@ def test_the_protocol_is_uvicorns_httptools_with_the_hooks():
 
 def test_a_slow_loris_is_closed_within_the_header_timeout_and_its_descriptors_come_back(guarded):
     baseline = settled_fds(guarded)
+    timed_out_before = metric_value(guarded.url, "berth_connections_closed_total", reason="header_timeout")
     connected: dict[socket.socket, float] = {}
     silent, trickling = [], []
     loris = []
@@ -154,6 +155,7 @@ def test_a_slow_loris_is_closed_within_the_header_timeout_and_its_descriptors_co
     opened_in = time.monotonic() - began
     time.sleep(0.3)
     peak = open_fds(guarded)
+    open_gauge = metric_value(guarded.url, "berth_open_connections")
     # meanwhile, a normal request is answered at once
     asked = time.monotonic()
     normal = httpx.post(guarded.url + "/v1/classify", json={"inputs": "A charming journey."}, timeout=10)
@@ -185,6 +187,11 @@ def test_a_slow_loris_is_closed_within_the_header_timeout_and_its_descriptors_co
     assert min(sent.values()) >= 4, sent  # the trickling heads did keep sending, and were cut all the same
     assert after <= baseline + 2, (baseline, after)
     assert httpx.get(guarded.url + "/readyz").status_code == 200
+    # the operator sees it: the open connections (with the two metrics scrapes' own) and why they were closed
+    assert open_gauge >= 210
+    timed_out = metric_value(guarded.url, "berth_connections_closed_total", reason="header_timeout")
+    assert 210 <= timed_out - timed_out_before <= 212  # the test's own (closed) connections never idle into it
+    assert metric_value(guarded.url, "berth_open_connections") <= 3
 
 
 def test_a_head_larger_than_the_limit_gets_431(guarded):
@@ -285,6 +292,7 @@ def test_the_in_flight_limit_answers_429_with_retry_after(guarded):
 
 def test_connections_beyond_max_connections_get_503_and_are_closed(guarded):
     settled_fds(guarded)
+    over_before = metric_value(guarded.url, "berth_connections_closed_total", reason="over_limit")
     sockets = [socket.create_connection(address(guarded)) for _ in range(MAX_CONNECTIONS + 10)]
     try:
         for s in sockets:
@@ -306,3 +314,5 @@ def test_connections_beyond_max_connections_get_503_and_are_closed(guarded):
             assert json.loads(body)["error_type"] == "overloaded" and "max_connections" in json.loads(body)["error"]
             assert int(headers["retry-after"]) >= 1 and headers["connection"] == "close"
     assert httpx.get(guarded.url + "/readyz", timeout=10).status_code == 200
+    over = metric_value(guarded.url, "berth_connections_closed_total", reason="over_limit") - over_before
+    assert over == statuses.count(503), (over, statuses.count(503))
