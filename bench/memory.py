@@ -4,7 +4,8 @@ Starts `berth serve` on a model repository with the service's default limits (no
 its idle RSS from /proc, then for each route sends `--concurrency` copies at once of the heaviest request the
 default limits accept for it (the most inputs and tokens that pass max_inputs_per_request,
 max_tokens_per_request and max_response_bytes), sampling the server's RSS every 10 ms: the peak growth is what
-that many such requests cost at once. A request the limits refuse is reported with its status (the figure
+that many such requests cost at once. Token vectors (the largest answers) are sent 8 at once, as many as
+max_inflight_response_bytes holds; last, every route's heaviest request, `--concurrency` copies each, all at once. A request the limits refuse is reported with its status (the figure
 then is what a refusal costs). Writes JSON with the machine facts and prints a table.
 
     python -m bench.memory --models models --out bench/results/memory-defaults.json
@@ -60,10 +61,13 @@ def heaviest(task: str, max_seq_length: int) -> tuple[str, dict[str, Any]] | Non
         return "/v1/pair", {"inputs": [{"text": t[: len(t) // 2], "text_pair": t[len(t) // 2:]} for t in texts]}
     if task == "embedding":
         return "/v1/embed", {"inputs": texts}
+    if task == "embedding-tokens":  # per-token vectors: the largest answers a default server gives (~30 MiB)
+        return "/v1/embed", {"inputs": [text_of(int(max_seq_length * 0.6), i) for i in range(16)], "output": "tokens",
+                             "layers": [-1]}
     if task == "ner":
         return "/v1/ner", {"inputs": [text_of(int(max_seq_length * 0.6), i) for i in range(count)]}  # one window each
     if task == "qa":
-        long = [text_of(2000, i) for i in range(12)]  # 12 contexts of several windows each, ~30,000 tokens
+        long = [text_of(2000, i) for i in range(6)]  # 6 contexts of ~2,600 tokens: ~26,000 tokens in windows
         return "/v1/qa", {"inputs": [{"question": "When was it founded?", "context": c} for c in long], "top_k": 20}
     if task == "fill-mask":
         masked = [" ".join(t.split()[:60]) + " " + " ".join(["[MASK]"] * 16) + "." for t in texts[:128]]
@@ -87,7 +91,13 @@ def post(port: int, route: str, body: dict[str, Any]) -> tuple[int, int, str]:
 
 
 def measure(port: int, pid: int, route: str, body: dict[str, Any], concurrency: int) -> dict[str, Any]:
-    post(port, route, {**body, "inputs": body["inputs"][:2]})  # this route's shapes seen once
+    return measure_all(port, pid, [(route, body)], concurrency)
+
+
+def measure_all(port: int, pid: int, plans: list[tuple[str, dict[str, Any]]], concurrency: int) -> dict[str, Any]:
+    """`concurrency` copies of each (route, body) sent at once, RSS sampled every 10 ms."""
+    for route, body in plans:
+        post(port, route, {**body, "inputs": body["inputs"][:2]})  # this route's shapes seen once
     before = rss_bytes(pid)
     peak = [before]
     done = threading.Event()
@@ -100,17 +110,26 @@ def measure(port: int, pid: int, route: str, body: dict[str, Any], concurrency: 
     sampler = threading.Thread(target=sample)
     sampler.start()
     started = time.perf_counter()
-    with ThreadPoolExecutor(concurrency) as pool:
-        answers = list(pool.map(lambda _: post(port, route, body), range(concurrency)))
+    jobs = [plan for plan in plans for _ in range(concurrency)]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        answers = list(pool.map(lambda plan: post(port, *plan), jobs))
     seconds = time.perf_counter() - started
     done.set()
     sampler.join()
     after = rss_bytes(pid)
-    return {"route": route, "inputs": len(body["inputs"]), "concurrency": concurrency,
+    return {"route": " + ".join(route for route, _ in plans), "inputs": sum(len(b["inputs"]) for _, b in plans),
+            "concurrency": concurrency,
             "status": sorted({status for status, _, _ in answers}), "answer_bytes": max(size for _, size, _ in answers),
             "errors": sorted({error for _, _, error in answers if error}),
             "rss_before_mib": before / 2**20, "rss_peak_growth_mib": (peak[0] - before) / 2**20,
             "rss_after_growth_mib": (after - before) / 2**20, "seconds": seconds}
+
+
+def record(result: dict[str, Any], row: dict[str, Any]) -> None:
+    result["rows"].append(row)
+    print(f"{row['model']:12s} {row['task']:18s} {row['inputs']:4d} inputs x{row['concurrency']}: status {row['status']}, "
+          f"answer {row['answer_bytes'] / 2**20:6.2f} MiB, RSS peak +{row['rss_peak_growth_mib']:.0f} MiB, after "
+          f"+{row['rss_after_growth_mib']:.0f} MiB, {row['seconds']:.1f} s {' '.join(row['errors'])[:200]}", flush=True)
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -118,10 +137,10 @@ def markdown(result: dict[str, Any]) -> str:
     machine = result["machine"]
     lines = [f"Idle RSS with {len(result['models'])} model(s): {result['idle_rss_mib']:.0f} MiB "
              f"({machine['cpu_model']}, {machine['usable_cores']} cores, revision {machine['git_revision'][:8]}).", "",
-             "| model | route | inputs a request | at once | status | answer | RSS peak growth | RSS after |",
-             "|---|---|---:|---:|---|---:|---:|---:|"]
+             "| model | task | route | inputs a request | at once | status | answer | RSS peak growth | RSS after |",
+             "|---|---|---|---:|---:|---|---:|---:|---:|"]
     for row in result["rows"]:
-        lines.append(f"| {row['model']} | `{row['route']}` | {row['inputs']} | {row['concurrency']} | "
+        lines.append(f"| {row['model']} | {row['task']} | `{row['route']}` | {row['inputs']} | {row['concurrency']} | "
                      f"{', '.join(map(str, row['status']))} | {row['answer_bytes'] / 2**20:.2f} MiB | "
                      f"+{row['rss_peak_growth_mib']:.0f} MiB | +{row['rss_after_growth_mib']:.0f} MiB |")
     return "\n".join(lines)
@@ -158,17 +177,21 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(2)
         result["idle_rss_mib"] = rss_bytes(proc.pid) / 2**20
         print(f"idle RSS with {len(names)} model(s): {result['idle_rss_mib']:.0f} MiB")
+        everything = []
         for name in names:
             spec = bundles[name].spec()
-            plan = heaviest(spec.task, spec.max_seq_length)
-            if plan is None:
-                continue
-            row = {"model": name, "task": spec.task, **measure(port, proc.pid, *plan, args.concurrency)}
-            result["rows"].append(row)
-            print(f"{name:12s} {row['route']:14s} {row['inputs']:4d} inputs x{row['concurrency']}: status "
-                  f"{row['status']}, answer {row['answer_bytes'] / 2**20:6.2f} MiB, RSS peak +"
-                  f"{row['rss_peak_growth_mib']:.0f} MiB, after +{row['rss_after_growth_mib']:.0f} MiB, "
-                  f"{row['seconds']:.1f} s {' '.join(row['errors'])[:200]}")
+            tasks = [spec.task] + (["embedding-tokens"] if spec.task == "embedding" else [])
+            for task in tasks:
+                plan = heaviest(task, spec.max_seq_length)
+                if plan is None:
+                    continue
+                plan = (plan[0], {**plan[1], "model": name})
+                everything.append(plan)
+                # as many token-vector answers at once as max_inflight_response_bytes holds of the largest
+                at_once = 8 if task == "embedding-tokens" else args.concurrency
+                record(result, {"model": name, "task": task, **measure(port, proc.pid, *plan, at_once)})
+        record(result, {"model": "all", "task": "every route at once",
+                        **measure_all(port, proc.pid, everything, args.concurrency)})
         result["rss_end_mib"] = rss_bytes(proc.pid) / 2**20
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
