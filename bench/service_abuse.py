@@ -183,9 +183,8 @@ def gil_hold(models: Path, rounds: int = 5) -> dict[str, Any]:
     the old service) and with the service's `GilFreeTokenizer` (`encode_batch`, which releases it)."""
     import threading
 
-    from service.models import GilFreeTokenizer
     from tasks import ner
-    from tasks.tokenizer import load_tokenizer
+    from tasks.tokenizer import GilFreeTokenizer, load_tokenizer
 
     plain = load_tokenizer(models / "entities" / "tokenizer.json")
     text = filler(17000, 5)[:100_000]

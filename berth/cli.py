@@ -24,6 +24,7 @@ SUBCOMMAND_MODULES = [
     "berth.commands.sign_bundle",
     "berth.commands.build_defaults",
     "berth.commands.serve",
+    "berth.commands.predict",
 ]
 
 

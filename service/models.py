@@ -39,33 +39,15 @@ from tasks.bundle import (
 )
 from tasks.definition import TaskDefinition
 from tasks.inference import BatchTable
-from tasks.onnx_session import CUDA, create_session
+from tasks.onnx_session import CUDA, create_session, per_token_output_bytes
 from tasks.registry import definition
 from tasks.spec import TaskSpec
-from tasks.tokenizer import CLS, SEP, UNK, EncodedInput
+from tasks.tokenizer import CLS, SEP, UNK, EncodedInput, GilFreeTokenizer
 
 log = logging.getLogger("berth.service.models")
 
 class RepositoryError(RuntimeError):
     """The model repository cannot be served as configured (no bundles, a named one missing, a bad bundle)."""
-
-
-class GilFreeTokenizer:
-    """A `tokenizers.Tokenizer` whose `encode` goes through `encode_batch`, which releases the GIL while
-    Rust tokenizes: a 100,000-character text tokenized in a worker thread no longer stalls the event
-    loop for the whole call (`Tokenizer.encode` holds the GIL throughout). Everything else is delegated."""
-
-    def __init__(self, tokenizer: Tokenizer):
-        self.inner = tokenizer
-
-    def encode(self, sequence: Any, pair: Any = None, is_pretokenized: bool = False,
-               add_special_tokens: bool = True) -> Any:
-        item = sequence if pair is None else (sequence, pair)
-        return self.inner.encode_batch([item], is_pretokenized=is_pretokenized,
-                                       add_special_tokens=add_special_tokens)[0]
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
 
 class OnnxEngine:
@@ -94,14 +76,8 @@ class OnnxEngine:
         return onnxruntime.RunOptions()
 
     def bytes_per_token(self) -> int:
-        """Bytes a padded token adds to this session's per-token outputs ((batch, sequence, ...) with static inner
-        dimensions, e.g. fill-mask's (B, T, 30,522) logits: 122,088), as float32; 0 when it has none."""
-        total = 0
-        for output in self.session.get_outputs():
-            inner = output.shape[2:]
-            if len(output.shape) >= 3 and all(isinstance(d, int) for d in inner):
-                total += 4 * int(np.prod(inner))
-        return total
+        """Bytes a padded token adds to this session's per-token outputs (fill-mask's logits: 122,088)."""
+        return per_token_output_bytes(self.session)
 
     def __call__(self, feeds: dict[str, np.ndarray], output_names: Sequence[str] | None = None,
                  run_options: onnxruntime.RunOptions | None = None) -> dict[str, np.ndarray]:

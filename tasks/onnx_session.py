@@ -101,3 +101,18 @@ def create_session(
         providers=providers,
     )
     return session, session.get_providers()[0]
+
+
+def per_token_output_bytes(session: Any, names: Any = None) -> int:
+    """Bytes a padded token adds to a session's per-token outputs ((batch, sequence, ...) with static inner
+    dimensions, e.g. fill-mask's (B, T, 30,522) logits: 122,088), as float32; only `names` when given; 0 when
+    there are none."""
+    import math
+
+    total = 0
+    for output in session.get_outputs():
+        inner = output.shape[2:]
+        if (names is None or output.name in names) and len(output.shape) >= 3 \
+                and all(isinstance(d, int) for d in inner):
+            total += 4 * math.prod(inner)
+    return total

@@ -168,7 +168,7 @@ def test_the_watchdog_stops_a_slow_pass_and_the_canary_brings_the_model_back(bun
         "BERTH_WARMUP": "false",  # the canary is then the shortest input, [CLS] [SEP]
         "BERTH_PASS_TIMEOUT_S": "0.2", "BERTH_MAX_CONSECUTIVE_FAILURES": "2", "BERTH_CANARY_INTERVAL_S": "1.5",
         "BERTH_LENGTH_BUCKETS": "16,256", "BERTH_MAX_BATCH_SIZE": "32", "BERTH_MAX_BATCH_TOKENS": "8192",
-        "BERTH_CPU_PASS_TOKENS": "0"})
+        "BERTH_CPU_PASS_TOKENS": "0", "BERTH_MAX_PASS_OUTPUT_BYTES": str(2**30)})  # the 32 items in one pass
     try:
         proc.wait_ready()
         with httpx.Client(base_url=proc.url, timeout=60) as c:

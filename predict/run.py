@@ -1,0 +1,350 @@
+"""The `berth predict` job: a bundle over an input file, a window of rows at a time, resumable.
+
+Per window (`window` rows, 4,096 by default): each row becomes the task's input (the columns the flags
+name), the inputs are prepared with the task definition's `prepare_many` (one `encode_batch` per chunk
+where the task encodes whole texts), their items are planned into batches with `plan_batches` (sorted by
+length over the whole window, padded to the longest item rounded up to 8, at most `pass_tokens` padded
+tokens a pass: the service's CPU policy) and run with `run_batch`, each item keeping what the task's
+`keep` asks for, and the results are the definition's `decode`: what the HTTP route answers. Reading and
+preparing the next window runs in a thread while the current one's forward passes run (Rust tokenization
+and ONNX Runtime both release the GIL).
+
+A row the task refuses (a missing or empty column, too long when not truncating, no [MASK], a question
+longer than the model reads...) is written to the errors file with its reason, never stops the run.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from itertools import islice
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from predict import io, results
+from predict.parts import PartStore
+from tasks.bundle import MODEL_FILE, TOKENIZER_FILE, load_bundle
+from tasks.definition import InputFailed, Prepared
+from tasks.inference import BatchShape, plan_batches, run_batch
+from tasks.onnx_session import CUDA, create_session, per_token_output_bytes
+from tasks.tokenizer import GilFreeTokenizer
+
+PREPARE_CHUNK = 256  # inputs prepared by one prepare_many call: a refused input costs at most a chunk's redo
+PASS_OUTPUT_BYTES = 64 * 1024 * 1024  # per-token output bytes of one pass (fill-mask's logits), as the service
+
+
+class RowError(ValueError):
+    """A row the job cannot give the task (the reason goes to the errors file)."""
+
+
+@dataclass
+class Columns:
+    text: str = "text"
+    pair: str = "text_pair"
+    question: str = "question"
+    context: str = "context"
+    choices: str = "choices"
+    id: str = "id"
+
+
+@dataclass
+class Job:
+    bundle: Path
+    input: Path
+    output: Path
+    options: dict[str, Any] = field(default_factory=dict)  # the task's request options that were given
+    columns: Columns = field(default_factory=Columns)
+    input_format: str | None = None
+    output_format: str | None = None
+    window: int = 4096
+    threads: int = 0  # ONNX Runtime intra-op threads; 0: the usable cores
+    max_batch_size: int = 64
+    pass_tokens: int = 1024
+    restart: bool = False
+    keep_parts: bool = False
+    progress: bool = True
+
+
+class Model:
+    """A verified bundle: its spec, tokenizer, task definition and ONNX Runtime session."""
+
+    def __init__(self, folder: Path, threads: int = 0):
+        from service.cpu import usable_cpus
+
+        self.bundle = load_bundle(folder, verify_hashes=True)
+        self.spec = self.bundle.spec()
+        self.spec.extra.setdefault("hidden_size", self.bundle.encoder_config.get("hidden_size"))
+        self.definition = self.spec.definition
+        tokenizer = Tokenizer.from_file(str(self.bundle.path / TOKENIZER_FILE))
+        tokenizer.no_padding()
+        tokenizer.no_truncation()
+        self.tokenizer = GilFreeTokenizer(tokenizer)
+        self.threads = threads or usable_cpus()
+        self.session, self.provider = create_session(self.bundle.path / MODEL_FILE, self.bundle.precision,
+                                                     self.threads)
+        self.input_names = [node.name for node in self.session.get_inputs()]
+
+    def bytes_per_token(self, names: Sequence[str]) -> int:
+        """Bytes a padded token adds to the fetched per-token outputs."""
+        return per_token_output_bytes(self.session, names)
+
+@dataclass
+class Window:
+    first_row: int
+    rows: int
+    good: list[tuple[int, Any, Prepared]]  # (row number, id, prepared)
+    errors: list[dict[str, Any]]
+
+
+class Predictor:
+    """A model with a task's options: rows -> prepared inputs (and refused rows) -> result rows."""
+
+    def __init__(self, model: Model, options: Any, columns: Columns, id_from_column: bool,
+                 max_batch_size: int = 64, pass_tokens: int = 1024):
+        self.model = model
+        self.definition = model.definition
+        self.options = options
+        self.columns = columns
+        self.id_from_column = id_from_column
+        self.keep = self.definition.keep(model.tokenizer, model.spec, options)
+        self.fetch = list(self.keep.names)
+        per_token_bytes = model.bytes_per_token(self.fetch)
+        cpu = model.provider != CUDA
+        self.shape = BatchShape([model.spec.max_seq_length], max_batch_size=max_batch_size,
+                                max_batch_tokens=max(max_batch_size * model.spec.max_seq_length, 1),
+                                pad_multiple=8, pass_tokens=pass_tokens if cpu else None,
+                                output_tokens=PASS_OUTPUT_BYTES // per_token_bytes if per_token_bytes else None)
+        d = self.definition
+        self.per_token = True if d.per_token else set(d.token_outputs)
+        self.layout = results.layout(d.name, model.spec, options)
+
+    # -- rows -> inputs ----------------------------------------------------------------------------------
+
+    def _text(self, row: dict[str, Any], column: str) -> str:
+        value = row.get(column)
+        if value is None:
+            raise RowError(f"missing column {column!r}")
+        if not isinstance(value, str):
+            raise RowError(f"column {column!r}: not text but {type(value).__name__}")
+        if not value.strip():
+            raise RowError(f"column {column!r}: empty or only whitespace")
+        return value
+
+    def make_input(self, row: dict[str, Any]) -> Any:
+        """The task's input from a row, as the route takes it (a text, or an object with the route's fields)."""
+        c, task = self.columns, self.definition.name
+        if task == "pair":
+            return SimpleNamespace(text=self._text(row, c.text), text_pair=self._text(row, c.pair))
+        if task == "qa":
+            return SimpleNamespace(question=self._text(row, c.question), context=self._text(row, c.context))
+        if task == "multiple-choice":
+            choices = row.get(c.choices)
+            if isinstance(choices, str):  # CSV/TSV: a JSON list in the cell
+                import orjson
+
+                try:
+                    choices = orjson.loads(choices)
+                except orjson.JSONDecodeError:
+                    raise RowError(f"column {c.choices!r}: not a JSON list of texts") from None
+            if not isinstance(choices, list):
+                raise RowError(f"missing column {c.choices!r}" if choices is None else
+                               f"column {c.choices!r}: not a list of texts")
+            if len(choices) < 2:
+                raise RowError(f"column {c.choices!r}: {len(choices)} choice(s); a multiple-choice input needs "
+                               "at least 2")
+            texts = {f"choices[{i}]": value for i, value in enumerate(choices)}
+            return SimpleNamespace(context=self._text(row, c.context),
+                                   choices=[self._text(texts, name) for name in texts])
+        return self._text(row, c.text)
+
+    def row_id(self, number: int, row: Any) -> Any:
+        if not self.id_from_column:
+            return number
+        value = row.get(self.columns.id) if isinstance(row, dict) else None
+        return None if value is None else str(value)
+
+    # -- inputs -> prepared ----------------------------------------------------------------------------
+
+    def _prepare_one(self, raw: Any) -> Prepared | Exception:
+        try:
+            return self.definition.prepare(self.model.tokenizer, self.model.spec, raw, self.options)
+        except Exception as error:  # noqa: BLE001 - one row's failure is that row's error, never the run's
+            return error
+
+    def _prepare(self, inputs: list[Any]) -> list[Prepared | Exception]:
+        """Each input prepared, or the error that refused it: a refused input is set aside and the rest
+        prepared again (those before it, which passed, and those after it)."""
+        done: list[Prepared | Exception] = []
+        while inputs:
+            try:
+                done += self.definition.prepare_many(self.model.tokenizer, self.model.spec, inputs, self.options)
+                break
+            except InputFailed as failed:
+                if failed.index:
+                    done += self.definition.prepare_many(self.model.tokenizer, self.model.spec,
+                                                         inputs[: failed.index], self.options)
+                done.append(failed.error)
+                inputs = inputs[failed.index + 1:]
+            except Exception:  # noqa: BLE001 - not a task refusal: find the row one by one
+                done += [self._prepare_one(raw) for raw in inputs]
+                break
+        return done
+
+    def check(self, prepared: Prepared) -> None:
+        """What the route refuses once the input is tokenized."""
+        if self.definition.name == "qa" and prepared.items and prepared.items[0].question_truncated:
+            limit = self.model.spec.max_query_length
+            raise RowError(f"column {self.columns.question!r}: more than {limit} tokens; this model reads questions "
+                           f"of at most {limit} tokens (its max_query_length)")
+
+    def prepare_window(self, chunk: list[tuple[int, Any]]) -> Window:
+        errors: list[dict[str, Any]] = []
+        accepted: list[tuple[int, Any, Any]] = []
+        for number, row in chunk:
+            ident = self.row_id(number, row)
+            if isinstance(row, io.BadRow):
+                errors.append({"id": ident, "row": number, "reason": row.reason})
+                continue
+            try:
+                accepted.append((number, ident, self.make_input(row)))
+            except RowError as error:
+                errors.append({"id": ident, "row": number, "reason": str(error)})
+        prepared: list[Prepared | Exception] = []
+        for start in range(0, len(accepted), PREPARE_CHUNK):
+            prepared += self._prepare([raw for _, _, raw in accepted[start : start + PREPARE_CHUNK]])
+        good = []
+        for (number, ident, _), p in zip(accepted, prepared):
+            if isinstance(p, Prepared):
+                try:
+                    self.check(p)
+                    good.append((number, ident, p))
+                    continue
+                except RowError as error:
+                    p = error
+            reason = str(p) if isinstance(p, ValueError) else f"{type(p).__name__}: {p}"
+            errors.append({"id": ident, "row": number, "reason": reason})
+        errors.sort(key=lambda e: e["row"])
+        return Window(chunk[0][0], len(chunk), good, errors)
+
+    # -- prepared -> results ---------------------------------------------------------------------------
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        values = self.model.session.run(self.fetch, {name: feeds[name] for name in self.model.input_names})
+        return dict(zip(self.fetch, values))
+
+    def results(self, prepared: list[Prepared]) -> list[Any]:
+        """The decoded results of prepared inputs: every item run in planned batches, each keeping what the
+        task's Keep makes of its rows, then the task's decode."""
+        items = [item for p in prepared for item in p.items]
+        keeps = [self.keep] * len(items)
+        kept: list[Any] = [None] * len(items)
+        for batch in plan_batches([len(item) for item in items], self.shape):
+            for i, rows in zip(batch.members, run_batch(self.run, items, batch, self.per_token, keeps=keeps)):
+                kept[i] = rows
+        outputs, at = [], 0
+        for p in prepared:
+            outputs.append(kept[at : at + len(p.items)])
+            at += len(p.items)
+        return self.definition.decode(self.model.tokenizer, self.model.spec, prepared, outputs, self.options)
+
+    def output_rows(self, window: Window) -> list[dict[str, Any]]:
+        decoded = self.results([p for _, _, p in window.good]) if window.good else []
+        return [{"id": ident, "row": number, **self.layout.to_row(result)}
+                for (number, ident, _), result in zip(window.good, decoded)]
+
+
+class Progress:
+    """One stderr line: rows, rows/s and the ETA (redrawn in place on a terminal, every 10 s otherwise)."""
+
+    def __init__(self, reader: io.Reader, rows_before: int, enabled: bool):
+        self.reader = reader
+        self.rows_before = rows_before
+        self.enabled = enabled
+        self.tty = sys.stderr.isatty()
+        self.started = self.shown = time.monotonic()
+
+    def update(self, rows_done: int, final: bool = False) -> None:
+        now = time.monotonic()
+        if not self.enabled or (not final and now - self.shown < (0.5 if self.tty else 10.0)):
+            return
+        self.shown = now
+        rate = (rows_done - self.rows_before) / max(now - self.started, 1e-9)
+        fraction = 1.0 if final else self.reader.fraction(rows_done)
+        eta = ""
+        if 0 < fraction < 1 and rate > 0:
+            remaining = rows_done * (1 - fraction) / fraction
+            eta = f", ETA {_duration(remaining / rate)}"
+        line = f"berth predict: {rows_done:,} rows ({fraction:.0%}), {rate:,.0f} rows/s{eta}"
+        print(("\r" + line.ljust(72)) if self.tty else line, end="\n" if final or not self.tty else "",
+              file=sys.stderr, flush=True)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds // 60 % 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def task_options(definition: Any, given: dict[str, Any]) -> Any:
+    """The task's request options from the flags given; a flag the task does not take is an error naming it."""
+    fields = definition.options.model_fields
+    unknown = [name for name in given if name not in fields]
+    if unknown:
+        flags = ", ".join("--" + name.replace("_", "-") for name in unknown)
+        takes = ", ".join("--" + name.replace("_", "-") for name in fields) or "no options"
+        raise ValueError(f"the {definition.name} task takes no {flags} (it takes {takes})")
+    return definition.options(**given)
+
+
+def predict(job: Job) -> dict[str, Any]:
+    """Run the job to the end (resuming the finished parts of an earlier run of it); the summary."""
+    import pyarrow as pa
+
+    started = time.monotonic()
+    in_kind = io.format_of(job.input, job.input_format, io.INPUT_FORMATS, "input")
+    out_kind = io.format_of(job.output, job.output_format, io.OUTPUT_FORMATS, "output")
+    model = Model(job.bundle, job.threads)
+    options = task_options(model.definition, job.options)
+    c = job.columns
+    reader = io.open_reader(job.input, in_kind, [c.text, c.pair, c.question, c.context, c.choices, c.id])
+    id_from_column = io.has_column(reader, c.id)
+    predictor = Predictor(model, options, c, id_from_column, job.max_batch_size, job.pass_tokens)
+    schema = results.schema(pa.string() if id_from_column else pa.int64(), predictor.layout)
+    stat = job.input.stat()
+    fingerprint = {"bundle": model.bundle.manifest_sha256 or str(job.bundle.resolve()),
+                   "input": str(job.input.resolve()), "input_bytes": stat.st_size, "input_mtime_ns": stat.st_mtime_ns,
+                   "input_format": in_kind, "columns": asdict(c), "id_from_column": id_from_column,
+                   "options": options.model_dump(mode="json"), "window": job.window, "format": out_kind}
+    store = PartStore(job.output, out_kind, fingerprint)
+    resumed = store.open(job.restart)
+    rows_done = store.next_row
+    progress = Progress(reader, rows_done, job.progress)
+    rows = reader.rows(skip=rows_done)
+
+    def next_window() -> Window | None:
+        chunk = list(islice(rows, job.window))
+        return predictor.prepare_window(chunk) if chunk else None
+
+    with ThreadPoolExecutor(1, thread_name_prefix="berth-predict-prepare") as pool:
+        pending = pool.submit(next_window)
+        while (window := pending.result()) is not None:
+            pending = pool.submit(next_window)  # the next window is read and tokenized while this one runs
+            store.add(window.first_row, window.rows, predictor.output_rows(window), window.errors, schema)
+            rows_done = window.first_row + window.rows
+            progress.update(rows_done)
+    progress.update(rows_done, final=True)
+    errors_file = job.output.with_name(job.output.name + ".errors.jsonl")
+    store.finish(job.output, errors_file, schema, job.keep_parts)
+    seconds = time.monotonic() - started
+    written = sum(p.written for p in store.parts)
+    errors = sum(p.errors for p in store.parts)
+    return {"output": str(job.output), "errors_file": str(errors_file), "rows": rows_done, "written": written,
+            "errors": errors, "resumed_parts": len(resumed), "seconds": round(seconds, 3),
+            "rows_per_second": round((rows_done - sum(p.rows for p in resumed)) / max(seconds, 1e-9), 1),
+            "task": model.definition.name, "provider": model.provider, "threads": model.threads}
