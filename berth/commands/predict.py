@@ -18,6 +18,11 @@ TASK_OPTIONS = ("top_k", "aggregation", "truncate", "normalize", "max_answer_len
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        import pyarrow  # noqa: F401 - the output schema and Parquet files
+    except ImportError:
+        print("berth predict: needs pyarrow; install it with `pip install 'berth[serve,predict]'`", file=sys.stderr)
+        return 2
     from predict.parts import ResumeRefused
     from predict.run import Columns, Job, predict
     from tasks.bundle import BundleError
