@@ -30,14 +30,17 @@ from tokenizers import Tokenizer
 
 from predict import io, results
 from predict.parts import PartStore
+from service.settings import ServiceSettings
 from tasks.bundle import MODEL_FILE, TOKENIZER_FILE, load_bundle
-from tasks.definition import InputFailed, Prepared
-from tasks.inference import BatchShape, plan_batches, run_batch
+from tasks.definition import InputFailed, Prepared, per_input
+from tasks.inference import BatchShape, run_items
 from tasks.onnx_session import CUDA, create_session, per_token_output_bytes
+from tasks.qa import question_too_long
 from tasks.tokenizer import GilFreeTokenizer
 
 PREPARE_CHUNK = 256  # inputs prepared by one prepare_many call: a refused input costs at most a chunk's redo
-PASS_OUTPUT_BYTES = 64 * 1024 * 1024  # per-token output bytes of one pass (fill-mask's logits), as the service
+# per-token output bytes of one pass (fill-mask's logits), as the service's default
+PASS_OUTPUT_BYTES: int = ServiceSettings.model_fields["max_pass_output_bytes"].default
 
 
 class RowError(ValueError):
@@ -80,7 +83,6 @@ class Model:
 
         self.bundle = load_bundle(folder, verify_hashes=True)
         self.spec = self.bundle.spec()
-        self.spec.extra.setdefault("hidden_size", self.bundle.encoder_config.get("hidden_size"))
         self.definition = self.spec.definition
         tokenizer = Tokenizer.from_file(str(self.bundle.path / TOKENIZER_FILE))
         tokenizer.no_padding()
@@ -199,10 +201,8 @@ class Predictor:
 
     def check(self, prepared: Prepared) -> None:
         """What the route refuses once the input is tokenized."""
-        if self.definition.name == "qa" and prepared.items and prepared.items[0].question_truncated:
-            limit = self.model.spec.max_query_length
-            raise RowError(f"column {self.columns.question!r}: more than {limit} tokens; this model reads questions "
-                           f"of at most {limit} tokens (its max_query_length)")
+        if self.definition.name == "qa" and (too_long := question_too_long(self.model.spec, prepared)):
+            raise RowError(f"column {self.columns.question!r}: {too_long}")
 
     def prepare_window(self, chunk: list[tuple[int, Any]]) -> Window:
         errors: list[dict[str, Any]] = []
@@ -242,17 +242,9 @@ class Predictor:
     def results(self, prepared: list[Prepared]) -> list[Any]:
         """The decoded results of prepared inputs: every item run in planned batches, each keeping what the
         task's Keep makes of its rows, then the task's decode."""
-        items = [item for p in prepared for item in p.items]
-        keeps = [self.keep] * len(items)
-        kept: list[Any] = [None] * len(items)
-        for batch in plan_batches([len(item) for item in items], self.shape):
-            for i, rows in zip(batch.members, run_batch(self.run, items, batch, self.per_token, keeps=keeps)):
-                kept[i] = rows
-        outputs, at = [], 0
-        for p in prepared:
-            outputs.append(kept[at : at + len(p.items)])
-            at += len(p.items)
-        return self.definition.decode(self.model.tokenizer, self.model.spec, prepared, outputs, self.options)
+        kept = run_items(self.run, [item for p in prepared for item in p.items], self.per_token, self.shape, self.keep)
+        return self.definition.decode(self.model.tokenizer, self.model.spec, prepared, per_input(prepared, kept),
+                                      self.options)
 
     def output_rows(self, window: Window) -> list[dict[str, Any]]:
         decoded = self.results([p for _, _, p in window.good]) if window.good else []

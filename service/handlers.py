@@ -20,6 +20,7 @@ from tasks.classification import InputTooLong
 from tasks.definition import InputFailed, ItemOutputs, Prepared, TaskDefinition
 from tasks.fill_mask import NoMask
 from tasks.inference import Keep
+from tasks.qa import question_too_long
 from tasks.registry import DEFINITIONS
 from tasks.tokenizer import truncation
 
@@ -93,11 +94,8 @@ class QAHandler(TaskHandler):
     def check_prepared(self, model: ServedModel, prepared: list[Prepared], body: Any, settings: Any) -> None:
         """A question longer than the model's max_query_length would be cut: refused instead, never cut silently."""
         for index, p in enumerate(prepared):
-            if p.items and p.items[0].question_truncated:
-                limit = model.spec.max_query_length
-                raise ServiceError(ErrorType.TOO_LARGE, f"inputs[{index}].question: more than {limit} tokens; this "
-                                   f"model reads questions of at most {limit} tokens (its max_query_length); "
-                                   "shorten the question")
+            if too_long := question_too_long(model.spec, p):
+                raise ServiceError(ErrorType.TOO_LARGE, f"inputs[{index}].question: {too_long}; shorten the question")
 
 
 class FillMaskHandler(TaskHandler):

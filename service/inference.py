@@ -37,6 +37,7 @@ from service.middleware import STARTED_AT
 from service.models import ServedModel
 from service.runtime import Runtime
 from service.settings import ServiceSettings
+from tasks.definition import per_input
 
 log = logging.getLogger("berth.service.inference")
 
@@ -273,10 +274,7 @@ async def _compute(model: ServedModel, handler: TaskHandler, inputs: list[Any], 
     timings.pad_s = sum({r.run_id: r.pad_seconds for r in item_results}.values())
     timings.wake_s = max(0.0, time.perf_counter() - max(r.finished_at for r in item_results))
 
-    outputs, at = [], 0
-    for p in prepared:
-        outputs.append([r.outputs for r in item_results[at : at + len(p.items)]])
-        at += len(p.items)
+    outputs = per_input(prepared, [r.outputs for r in item_results])
     begin = time.perf_counter()
     results = await _maybe_in_thread(pool, lambda: handler.finish(model, prepared, outputs, body))
     timings.decode_s = time.perf_counter() - begin

@@ -228,8 +228,6 @@ def load_model(bundle: Bundle, settings: ServiceSettings, metrics: Metrics, intr
     started = time.perf_counter()
     name = bundle.path.name  # the folder name is the model name
     spec = bundle.spec()
-    # the embedding task's admission estimate of a vector's JSON bytes needs the encoder's width
-    spec.extra.setdefault("hidden_size", bundle.encoder_config.get("hidden_size"))
     slots = compute_slots or ComputeSlots(usable_cpus())
     threads = min(settings.intra_op_threads if intra_op_threads is None else intra_op_threads, slots.units) or slots.units
     model_bytes = verified_bytes(bundle, MODEL_FILE)  # the bytes hashed are the bytes ONNX Runtime loads

@@ -151,6 +151,8 @@ class Bundle(BaseModel):
         """The task spec (labels and feature settings) the service encodes and decodes with."""
         settings = {key: value for key, value in self.task_settings.items() if key in TASK_SETTING_NAMES}
         extra = {key: value for key, value in self.task_settings.items() if key not in TASK_SETTING_NAMES}
+        # the encoder's width: the embedding task estimates the JSON bytes of its vectors from it
+        extra.setdefault("hidden_size", self.encoder_config.get("hidden_size"))
         return TaskSpec(
             task=self.task,
             labels=self.labels,

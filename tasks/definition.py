@@ -163,11 +163,7 @@ class TaskDefinition:
         items = [item for p in prepared for item in p.items]
         keep = self.keep(tokenizer, spec, options)
         flat = [keep(item, rows) for item, rows in zip(items, run(items, keep.names, self.per_token))]
-        outputs, at = [], 0
-        for p in prepared:
-            outputs.append(flat[at : at + len(p.items)])
-            at += len(p.items)
-        return prepared, outputs
+        return prepared, per_input(prepared, flat)
 
     # -- the parity gate: what must not change between PyTorch and ONNX --------------------------------------
 
@@ -194,6 +190,15 @@ class TaskDefinition:
     def parity_inputs(self, path: Path | None, size: int) -> list[Any]:
         """`size` real inputs (as `prepare` takes them) from `path`, or built-in ones when it is None."""
         raise NotImplementedError(f"{self.name}: no parity inputs")
+
+
+def per_input(prepared: Sequence[Prepared], flat: Sequence[Any]) -> list[list[Any]]:
+    """`flat` (one entry per model item, the inputs' items in order) cut back into one list per input."""
+    out, at = [], 0
+    for p in prepared:
+        out.append(list(flat[at : at + len(p.items)]))
+        at += len(p.items)
+    return out
 
 
 def margin(logits: np.ndarray) -> np.ndarray:

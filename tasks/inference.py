@@ -178,18 +178,20 @@ def run_batch(runner: Runner, items: Sequence[ModelItem], batch: Batch, per_toke
             for i, row in zip(batch.members, rows)]
 
 
-def iter_batches(runner: Runner, items: Sequence[ModelItem], per_token: bool | Collection[str], shape: BatchShape
-                 ) -> Iterator[tuple[Batch, list[Rows]]]:
-    """Each planned batch with its members' rows, one pass at a time (the caller keeps what it needs)."""
+def iter_batches(runner: Runner, items: Sequence[ModelItem], per_token: bool | Collection[str], shape: BatchShape,
+                 keep: Keep | None = None) -> Iterator[tuple[Batch, list[Rows]]]:
+    """Each planned batch with its members' rows, one pass at a time (the caller keeps what it needs; with
+    `keep`, each item's rows are what it makes of them, so no batch's outputs outlive its pass)."""
+    keeps = None if keep is None else [keep] * len(items)
     for batch in plan_batches([len(x) for x in items], shape):
-        yield batch, run_batch(runner, items, batch, per_token)
+        yield batch, run_batch(runner, items, batch, per_token, keeps=keeps)
 
 
-def run_items(runner: Runner, items: Sequence[ModelItem], per_token: bool | Collection[str], shape: BatchShape
-              ) -> list[Rows]:
-    """Every item's rows, in the order given."""
+def run_items(runner: Runner, items: Sequence[ModelItem], per_token: bool | Collection[str], shape: BatchShape,
+              keep: Keep | None = None) -> list[Rows]:
+    """Every item's rows (through `keep` when given), in the order given."""
     results: list[Rows | None] = [None] * len(items)
-    for batch, rows in iter_batches(runner, items, per_token, shape):
+    for batch, rows in iter_batches(runner, items, per_token, shape, keep):
         for i, row in zip(batch.members, rows):
             results[i] = row
     return results  # type: ignore[return-value]

@@ -240,6 +240,15 @@ def make_windows(
     return windows
 
 
+def question_too_long(spec: Any, prepared: Any) -> str | None:
+    """Why a prepared question cannot be answered as asked: it had more tokens than the model reads, so its
+    windows hold it cut (training and evaluation cut it as BERT's recipe does; serving refuses). None: it fits."""
+    if prepared.items and prepared.items[0].question_truncated:
+        limit = spec.max_query_length
+        return f"more than {limit} tokens; this model reads questions of at most {limit} tokens (its max_query_length)"
+    return None
+
+
 def label_window(window: QAWindow, answer_start_char: int | None, answer_text: str | None) -> tuple[int, int]:
     """Training targets (start position, end position) of an answer in a window.
 
