@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads-sweep", action="store_true", help="also time 1..cores threads, spinning on/off")
     args = parser.parse_args(argv)
 
-    from service.cpu import usable_cpus
+    from tasks.cpu import usable_cpus
 
     bundle = load_bundle(args.bundle)
     cores = usable_cpus()

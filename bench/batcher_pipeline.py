@@ -25,8 +25,9 @@ from bench.machine import machine_facts
 from service.batcher import Batcher, BatchPolicy, clip_buckets
 from service.metrics import Metrics
 from service.models import OnnxEngine, load_bundle_tokenizer
-from tasks import classification
+from tasks import common
 from tasks.bundle import load_bundle
+from tasks.registry import definition
 
 SENTENCE = "It's a charming and often affecting journey, though it drags a little in its second half."
 
@@ -51,7 +52,7 @@ async def one_round(engine: TimedEngine, bundle: Any, item: Any, pipeline: bool,
     spec = bundle.spec()
     policy = BatchPolicy(buckets=clip_buckets([16, 32, 64, 128, 256, 384, 512], spec.max_seq_length),
                          max_batch_size=max_batch_size, pad_multiple=8, pipeline=pipeline)
-    batcher = Batcher("bench", engine, policy, Metrics(), per_token=spec.definition.per_token)
+    batcher = Batcher("bench", engine, policy, Metrics(), per_token=definition(spec.task).per_token)
     batcher.start()
     done = 0
     stop = time.monotonic() + seconds
@@ -88,8 +89,7 @@ def main(argv: list[str] | None = None) -> int:
 
     bundle = load_bundle(args.bundle)
     engine = TimedEngine(OnnxEngine(bundle, args.threads, prefer_gpu=False))
-    item = classification.encode_classification(load_bundle_tokenizer(bundle), SENTENCE,
-                                                max_length=bundle.spec().max_seq_length)
+    item = common.encode_classification(load_bundle_tokenizer(bundle), SENTENCE, max_length=bundle.spec().max_seq_length)
     rows: dict[str, list[dict[str, float]]] = {"on": [], "off": []}
     for number in range(args.rounds):
         for pipeline in (True, False) if number % 2 == 0 else (False, True):

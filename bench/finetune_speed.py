@@ -168,7 +168,7 @@ def markdown_table(results: list[dict]) -> str:
 def padding_of_whole_sets(output: Path) -> None:
     """Padded / real tokens of one epoch over the *whole* training sets, random vs length-grouped order
     (batch 32, the trainer's own batch order; no timing, so the machine's load does not matter)."""
-    from service.cpu import usable_cpus as usable_cores
+    from tasks.cpu import usable_cpus as usable_cores
 
     rows = []
     for name, work in workloads(10**9, 10**9).items():
@@ -191,7 +191,7 @@ def padding_of_whole_sets(output: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from service.cpu import usable_cpus as usable_cores
+    from tasks.cpu import usable_cpus as usable_cores
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--compile", action="store_true", help="also the torch.compile variant")

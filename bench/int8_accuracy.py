@@ -1,8 +1,8 @@
 """The accuracy cost of int8: a fine-tuned model's dev metrics in PyTorch, ONNX fp32 and ONNX int8.
 
 All three run through the same evaluation code as `berth evaluate` (training/task_data.py: the task
-layer's encoding and decoding, the official metrics), the ONNX models wrapped as a torch module that
-calls ONNX Runtime. The int8 graph is made as `berth export --precision int8` makes it (export/precision.py
+layer's encoding and decoding, the official metrics), PyTorch and ONNX Runtime each as the task layer's
+runner. The int8 graph is made as `berth export --precision int8` makes it (export/precision.py
 DEFAULT_RECIPE; `--recipe` for another, static ones calibrated on the model's own training file from
 its finetune_run.json or `--train`). Speed: the fp32 and int8 sessions side by side at batch 1 and
 batch 8 of the task's typical length. Usage, from the repository root:
@@ -22,18 +22,19 @@ from pathlib import Path
 from typing import Any
 
 from bench.machine import machine_facts
+from tasks.definition import TaskDefinition
+from tasks.registry import definition
 
 RESULTS = Path(__file__).resolve().parent / "results"
 HEADLINE = ("accuracy", "f1", "exact", "precision", "recall", "pearson", "spearman")
 
 
-def onnx_module(model_path: Path, output_names: tuple[str, ...], precision: str, threads: int):
-    """A torch.nn.Module whose forward runs `model_path` in ONNX Runtime (so PyTorch evaluation code runs it)."""
-    from export.parity import onnx_torch_module
-    from tasks.onnx_session import create_session
+def onnx_engine(model_path: Path, precision: str, threads: int):
+    """`model_path` in ONNX Runtime as the task definitions' runner (what evaluation runs), and its provider."""
+    from tasks.onnx_session import create_session, onnx_item_runner
 
     session, provider = create_session(model_path, precision, intra_op_threads=threads)
-    return onnx_torch_module(session, output_names), provider
+    return onnx_item_runner(session), provider
 
 
 def speed_pair(fp32_path: Path, int8_path: Path, length: int, vocab_size: int, threads: int,
@@ -74,11 +75,12 @@ def evaluate_all(folder: Path, data: Path, limit: int | None, threads: int, reci
     from export.onnx_export import export_onnx, load_finetuned
     from export.precision import DEFAULT_RECIPE, RECIPES, to_int8
     from tasks.tokenizer import load_tokenizer
+    from training.predict import torch_item_runner
 
     torch.set_num_threads(threads)
     model, spec, _ = load_finetuned(folder)
-    if spec.task == "fill-mask":
-        raise SystemExit("int8_accuracy scores fine-tuned task heads (classification, pair, ner, qa)")
+    if type(definition(spec.task)).score is TaskDefinition.score:  # a task without a dev metric (fill-mask)
+        raise SystemExit(f"int8_accuracy scores fine-tuned heads with a dev metric; {spec.task} has none")
     tokenizer = load_tokenizer(folder)
     adapter = calibration.adapter(spec, tokenizer, data)
     examples = adapter.read(data, limit=limit, seed=0)
@@ -93,9 +95,9 @@ def evaluate_all(folder: Path, data: Path, limit: int | None, threads: int, reci
         int8_path = to_int8(fp32_path, Path(scratch) / "int8.onnx", recipe, feeds)
         speed = speed_pair(fp32_path, int8_path, min(TYPICAL_LENGTH[spec.task], spec.max_seq_length),
                            model.config.vocab_size, threads)
-        engines = {"pytorch": (model, "cpu")}
+        engines = {"pytorch": (torch_item_runner(model), "cpu")}
         for name, path, precision in (("onnx-fp32", fp32_path, "fp32"), ("onnx-int8", int8_path, "int8")):
-            engines[name] = onnx_module(path, spec.output_names, precision, threads)
+            engines[name] = onnx_engine(path, precision, threads)
         for name, (engine, provider) in engines.items():
             started = time.perf_counter()
             metrics, _ = adapter.evaluate(engine, examples, spec)
@@ -167,8 +169,6 @@ def speed_only(fp32_bundle: Path, int8_bundle: Path, threads: int, rounds: int) 
 
 def markdown(paths: list[Path]) -> str:
     """The docs/ENGINE.md table: per model, PyTorch / fp32 / int8 dev metric, the int8 cost, speed."""
-    from export.parity import headline_metric
-
     lines = ["| model | task | dev examples | metric | PyTorch | ONNX fp32 | ONNX int8 | int8 − fp32 (points) "
              "| int8 recipe | int8 speed-up batch 1 / batch 8 (tokens) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for path in paths:
@@ -176,8 +176,7 @@ def markdown(paths: list[Path]) -> str:
         if "speed" not in record:
             continue  # a record of the earlier dynamic-only format
         results = record["results"]
-        name = headline_metric(record["task"], results["pytorch"]["metrics"])
-        scale = 1.0 if record["task"] == "qa" else 100.0
+        name, scale = definition(record["task"]).headline_metric(results["pytorch"]["metrics"])
         values = [results[e]["metrics"][name] * scale for e in ("pytorch", "onnx-fp32", "onnx-int8")]
         speed = list(record["speed"].values())
         length = next(iter(record["speed"])).split("x")[1]

@@ -24,15 +24,17 @@ from typing import Any
 import numpy as np
 
 from bench.machine import machine_facts
+from tasks.registry import definition
 
 RESULTS = Path(__file__).resolve().parent / "results"
 def drift(reference: list[dict[str, np.ndarray]], candidate: list[dict[str, np.ndarray]],
-          masks: list[np.ndarray], per_token: bool) -> dict[str, float]:
+          masks: list[np.ndarray], token_outputs: set[str]) -> dict[str, float]:
+    """|Δ| over every output value; an output with a row per token only at the real tokens' rows."""
     diffs = []
     for ref, cand, mask in zip(reference, candidate, masks):
         for name in ref:
             d = np.abs(ref[name].astype(np.float64) - cand[name])
-            diffs.append(d[mask.astype(bool)] if per_token else d)
+            diffs.append(d[mask.astype(bool)] if name in token_outputs else d)
     flat = np.concatenate([d.ravel() for d in diffs])
     return {"mean_abs_diff": float(flat.mean()), "max_abs_diff": float(flat.max())}
 
@@ -52,7 +54,7 @@ def speed(session, shapes: list[tuple[int, int]], vocab_size: int, rounds: int =
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from bench.int8_accuracy import onnx_module
+    from bench.int8_accuracy import onnx_engine
     from export import calibration, precision
     from export.onnx_export import export_onnx, load_finetuned
     from tasks.onnx_session import create_session
@@ -94,8 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     drift_items = calibration.model_inputs(spec, tokenizer, args.dev, args.drift_examples)
     batches = calibration.batches(drift_items)
     masks = [b["attention_mask"] for b in batches]
-    per_token = spec.task in ("ner", "qa")
-    names = list(spec.output_names)
+    names = list(definition(spec.task).output_names)
+    token_outputs = {name for name in names if definition(spec.task).is_token_output(name)}
     report: dict[str, Any] = {"model": str(args.folder.resolve()), "task": spec.task, "dev": str(args.dev),
                               "dev_examples": len(dev), "drift_inputs": len(drift_items)}
     with tempfile.TemporaryDirectory(prefix="berth-drift-") as scratch_name:
@@ -111,13 +113,13 @@ def main(argv: list[str] | None = None) -> int:
             for group, (nodes, op_types) in groups.items():
                 target = precision.quantize_dynamic_nodes(plain, scratch / "one.onnx", nodes, op_types)
                 session, _ = create_session(target, "int8", args.threads)
-                sensitivity[group] = drift(reference, run_all(session, batches, names), masks, per_token)
+                sensitivity[group] = drift(reference, run_all(session, batches, names), masks, token_outputs)
                 print(f"only {group:12s} quantized: mean |Δ| {sensitivity[group]['mean_abs_diff']:.4f}  "
                       f"max |Δ| {sensitivity[group]['max_abs_diff']:.4f}", flush=True)
             report["sensitivity"] = sensitivity
 
         calib = calibration.batches(calibration.model_inputs(spec, tokenizer, args.train, calibration.DEFAULT_EXAMPLES))
-        fp32_metrics, _ = adapter.evaluate(onnx_module(plain, spec.output_names, "fp32", args.threads)[0], dev, spec)
+        fp32_metrics, _ = adapter.evaluate(onnx_engine(plain, "fp32", args.threads)[0], dev, spec)
         report["fp32"] = {"metrics": fp32_metrics,
                           "seconds": speed(fp32, [(1, 32), (8, 128)], model.config.vocab_size)}
         print(f"fp32: {_headline(fp32_metrics)} {report['fp32']['seconds']}", flush=True)
@@ -127,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
             target = precision.to_int8(plain, scratch / f"{name}.onnx", recipe=name, calibration_feeds=calib)
             build = time.perf_counter() - started
             session, _ = create_session(target, "int8", args.threads)
-            figures = drift(reference, run_all(session, batches, names), masks, per_token)
-            metrics, _ = adapter.evaluate(onnx_module(target, spec.output_names, "int8", args.threads)[0], dev, spec)
+            figures = drift(reference, run_all(session, batches, names), masks, token_outputs)
+            metrics, _ = adapter.evaluate(onnx_engine(target, "int8", args.threads)[0], dev, spec)
             seconds = speed(session, [(1, 32), (8, 128)], model.config.vocab_size)
             ratio = {k: report["fp32"]["seconds"][k] / v for k, v in seconds.items()}
             report["recipes"][name] = {**figures, "metrics": metrics, "seconds": seconds, "speedup_vs_fp32": ratio,
@@ -144,10 +146,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _metric(task: str, metrics: dict[str, float]) -> tuple[str, float]:
-    from export.parity import headline_metric
-
-    name = headline_metric(task, metrics)
-    return name, metrics[name] * (1.0 if task == "qa" else 100.0)
+    name, scale = definition(task).headline_metric(metrics)
+    return name, metrics[name] * scale
 
 
 def markdown(paths: list[Path]) -> str:

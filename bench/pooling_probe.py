@@ -31,13 +31,13 @@ RESULTS = REPO / "bench" / "results" / "pooling_probe.json"
 
 @torch.no_grad()
 def features(model, tokenizer, texts: list[str], batch_size: int = 64) -> dict[str, np.ndarray]:
-    from tasks import classification
+    from tasks import common
     from tasks.batching import pad_batch
     from training.model import mean_pool
 
     out: dict[str, list[np.ndarray]] = {"cls": [], "mean": []}
     for start in range(0, len(texts), batch_size):
-        items = [classification.encode_classification(tokenizer, t, None, max_length=64)
+        items = [common.encode_classification(tokenizer, t, None, max_length=64)
                  for t in texts[start : start + batch_size]]
         feeds = {k: torch.from_numpy(v) for k, v in pad_batch(items).items()}
         result = model(feeds["input_ids"], feeds["attention_mask"], feeds["token_type_ids"])

@@ -30,7 +30,7 @@ def engine_ceiling(bundle: Path, texts: list[str], threads: int, batch_sizes: li
     """Rows/s of session.run alone per batch size, over the rows sorted by length."""
     from predict.run import Model
     from tasks.batching import pad_batch
-    from tasks.classification import encode_classification_many
+    from tasks.common import encode_classification_many
 
     model = Model(bundle, threads)
     items = sorted(encode_classification_many(model.tokenizer, texts, None, max_length=model.spec.max_seq_length,

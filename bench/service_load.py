@@ -44,15 +44,12 @@ from typing import Any
 import numpy as np
 
 from bench.machine import machine_facts
+from tasks.registry import definition
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 SHARED_DATA = Path(os.environ.get("BERTH_SHARED_DATA", REPO.parent / "shared" / "data"))
 LIBRARIES = ("onnxruntime", "fastapi", "uvicorn", "torch", "transformers", "tokenizers", "numpy")
-TASK_OF = {"classify": "classification", "pair": "pair", "ner": "ner", "qa": "qa", "embed": "embedding",
-           "fill-mask": "fill-mask", "choice": "multiple-choice"}
-ROUTE = {"classify": "/v1/classify", "pair": "/v1/pair", "ner": "/v1/ner", "qa": "/v1/qa", "embed": "/v1/embed",
-         "fill-mask": "/v1/fill-mask", "choice": "/v1/choice"}
 LONG_WORKLOADS = ("classify-long", "qa-long", "embed-long")
 
 
@@ -60,7 +57,7 @@ LONG_WORKLOADS = ("classify-long", "qa-long", "embed-long")
 
 
 def workloads(tokenizer) -> dict[str, dict[str, Any]]:
-    """name -> {"route", "body"}: real dev inputs of each task, short and long."""
+    """name -> {"task", "body"}: real dev inputs of each task, short and long (the task's route serves them)."""
     from tasks import qa, readers
 
     sst2 = readers.read_sst2(SHARED_DATA / "sst2" / "dev.tsv")
@@ -79,43 +76,31 @@ def workloads(tokenizer) -> dict[str, dict[str, Any]]:
     masked = short.split()
     masked[len(masked) // 2] = "[MASK]"
     return {
-        "classify-short": {"route": "classify", "body": {"inputs": short}},
-        "classify-long": {"route": "classify", "body": {"inputs": " ".join(words)}},
-        "pair": {"route": "pair", "body": {"inputs": {"text": mrpc.text, "text_pair": mrpc.text_pair}}},
-        "ner": {"route": "ner", "body": {"inputs": sentence}},
-        "qa": {"route": "qa", "body": {"inputs": {"question": typical.question, "context": typical.context}}},
-        "qa-long": {"route": "qa", "body": {"inputs": {"question": longest.question, "context": longest.context}}},
-        "embed": {"route": "embed", "body": {"inputs": short}},
-        "embed-long": {"route": "embed", "body": {"inputs": " ".join(words)}},
-        "fill-mask": {"route": "fill-mask", "body": {"inputs": " ".join(masked)}},
+        "classify-short": {"task": "classification", "body": {"inputs": short}},
+        "classify-long": {"task": "classification", "body": {"inputs": " ".join(words)}},
+        "pair": {"task": "pair", "body": {"inputs": {"text": mrpc.text, "text_pair": mrpc.text_pair}}},
+        "ner": {"task": "ner", "body": {"inputs": sentence}},
+        "qa": {"task": "qa", "body": {"inputs": {"question": typical.question, "context": typical.context}}},
+        "qa-long": {"task": "qa", "body": {"inputs": {"question": longest.question, "context": longest.context}}},
+        "embed": {"task": "embedding", "body": {"inputs": short}},
+        "embed-long": {"task": "embedding", "body": {"inputs": " ".join(words)}},
+        "fill-mask": {"task": "fill-mask", "body": {"inputs": " ".join(masked)}},
         # SWAG-like: a context and four endings (one model input each)
-        "choice": {"route": "choice", "body": {"inputs": {"context": sst2[1].text, "choices": [
+        "choice": {"task": "multiple-choice", "body": {"inputs": {"context": sst2[1].text, "choices": [
             e.text for e in sst2[2:6]]}}},
     }
 
 
-def request_inputs(bundle, tokenizer, route: str, body: dict) -> list[Any]:
-    """The model inputs (sequences / windows) berth makes of one request body."""
-    from tasks import classification, ner, qa
-    from tasks.tokenizer import encode
+def request_inputs(bundle, tokenizer, body: dict) -> list[Any]:
+    """The model inputs (sequences / windows) berth makes of one request body: its task's own `prepare`."""
+    from types import SimpleNamespace
 
-    spec = bundle.spec()
-    inputs = body["inputs"]
-    if route in ("classify", "embed"):
-        return [classification.encode_classification(tokenizer, inputs, max_length=spec.max_seq_length)]
-    if route == "pair":
-        return [classification.encode_classification(tokenizer, inputs["text"], inputs["text_pair"],
-                                                     max_length=spec.max_seq_length)]
-    if route == "fill-mask":
-        return [encode(tokenizer, inputs, max_length=None)]
-    if route == "choice":
-        return [classification.encode_classification(tokenizer, inputs["context"], choice,
-                                                     max_length=spec.max_seq_length) for choice in inputs["choices"]]
-    if route == "ner":
-        stride = min(spec.doc_stride, (spec.max_seq_length - 2) // 2)
-        return list(ner.ner_windows(tokenizer, inputs, spec.max_seq_length, stride))
-    return list(qa.make_windows(tokenizer, inputs["question"], inputs["context"], spec.max_seq_length,
-                                spec.doc_stride, spec.max_query_length))
+    task = definition(bundle.task)
+    options = task.options.model_validate({k: v for k, v in body.items() if k != "inputs"})
+    raw = body["inputs"]
+    if isinstance(raw, dict):  # an input object (a pair, a question with its context...): read by attribute
+        raw = SimpleNamespace(**raw)
+    return list(task.prepare(tokenizer, bundle.spec(), raw, options).items)
 
 
 # -- 1. the raw engine ---------------------------------------------------------------------------------------
@@ -243,7 +228,7 @@ def hey(port: int, route: str, body: dict, clients: int, seconds: float, server_
     payload.write_text(json.dumps(body), encoding="utf-8")
     # -o csv: one row per response, so percentiles are ours (hey's summary omits p99 below 100 responses).
     command = ["hey", "-z", f"{seconds}s", "-c", str(clients), "-t", "30", "-m", "POST", "-T", "application/json",
-               "-D", str(payload), "-o", "csv", f"http://127.0.0.1:{port}{ROUTE[route]}"]
+               "-D", str(payload), "-o", "csv", f"http://127.0.0.1:{port}{route}"]
     passes_before = _passes(port)
     before_children = resource.getrusage(resource.RUSAGE_CHILDREN)
     # the server's main thread runs its event loop: HTTP, validation, tokenization, batching, decoding, JSON
@@ -345,16 +330,15 @@ def export_precisions(repository: Path, precisions: list[str], work: Path, threa
 
 
 def peer_checkpoints(repository: Path) -> dict[str, Path]:
-    """route -> the fine-tuned checkpoint of the repository's bundle of that route's task (for the naive peer)."""
+    """task -> the fine-tuned checkpoint of the repository's bundle of that task (for the naive peer)."""
     from tasks.bundle import find_bundles, load_bundle
 
     found = {}
     for folder in find_bundles(repository):
         bundle = load_bundle(folder)
         checkpoint = Path(bundle.source.get("checkpoint", ""))
-        route = next((r for r, task in TASK_OF.items() if task == bundle.task), None)
-        if route and route not in found and (checkpoint / "config.json").is_file():
-            found[route] = checkpoint
+        if bundle.task not in found and (checkpoint / "config.json").is_file():
+            found[bundle.task] = checkpoint
     return found
 
 
@@ -454,8 +438,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", type=Path, metavar="JSON", help="print the docs table of a result file and exit")
     parser.add_argument("--models", nargs="+", metavar="PRECISION=FOLDER",
                         help="model repositories by precision; each holds one bundle per task (classify, pair, ner, qa)")
-    parser.add_argument("--checkpoints", nargs="+", default=[], metavar="ROUTE=FOLDER",
-                        help="fine-tuned folders for the naive peer, by route (default: the checkpoints the bundles' "
+    parser.add_argument("--checkpoints", nargs="+", default=[], metavar="TASK=FOLDER",
+                        help="fine-tuned folders for the naive peer, by task (default: the checkpoints the bundles' "
                              "manifests name)")
     parser.add_argument("--from-repository", type=Path, metavar="FOLDER",
                         help="instead of --models: export each bundle of this repository (e.g. models/, as `make "
@@ -506,17 +490,18 @@ def main(argv: list[str] | None = None) -> int:
         # the naive peer of that route are measured back to back, so they see the same neighbours.
         port, server = serve_repository(repositories[precision], args.threads, args.work, args.serve_arg)
         with server as proc:
-            for route in dict.fromkeys(load["route"] for load in chosen.values()):
-                if TASK_OF[route] not in by_task:
-                    print(f"no {precision} bundle for {route} (its export failed the gate?): skipped", flush=True)
+            for task in dict.fromkeys(load["task"] for load in chosen.values()):
+                if task not in by_task:
+                    print(f"no {precision} bundle for {task} (its export failed the gate?): skipped", flush=True)
                     continue
-                bundle = by_task[TASK_OF[route]]
+                bundle = by_task[task]
+                route = definition(task).route
                 peer = None
-                if route in checkpoints and args.naive_concurrency:
-                    peer_port, peer = naive_peer(checkpoints[route], TASK_OF[route], args.threads, args.work)
+                if task in checkpoints and args.naive_concurrency:
+                    peer_port, peer = naive_peer(checkpoints[task], task, args.threads, args.work)
                 with peer if peer is not None else _nothing() as peer_proc:
                     for name, load in chosen.items():
-                        if load["route"] != route:
+                        if load["task"] != task:
                             continue
                         measure_workload(result, args, name, load, precision, bundle, port, proc)
                         if peer_proc is not None:
@@ -540,8 +525,9 @@ def measure_workload(result: dict[str, Any], args: argparse.Namespace, name: str
     """The raw engine on the workload's request, then berth under hey at each level."""
     from tasks.tokenizer import load_tokenizer
 
-    items = request_inputs(bundle, load_tokenizer(bundle.tokenizer_path), load["route"], load["body"])
-    result["workloads"][name] = {"route": load["route"], "model_inputs": len(items), "tokens": [len(i) for i in items]}
+    route = definition(load["task"]).route
+    items = request_inputs(bundle, load_tokenizer(bundle.tokenizer_path), load["body"])
+    result["workloads"][name] = {"route": route, "model_inputs": len(items), "tokens": [len(i) for i in items]}
     before = _machine_cpu()
     figures = engine_figures(bundle, items, args.threads, args.batch_sizes, args.engine_seconds)
     figures["steal_share"] = _steal_share(before, _machine_cpu())
@@ -551,7 +537,7 @@ def measure_workload(result: dict[str, Any], args: argparse.Namespace, name: str
           f"{figures['one_pass_best_requests_per_s']:.1f}, passes in parallel "
           f"{_f(figures['parallel_best_requests_per_s'])})", flush=True)
     for clients in args.concurrency:
-        row = hey(port, load["route"], load["body"], clients, args.seconds, proc.pid, args.work)
+        row = hey(port, route, load["body"], clients, args.seconds, proc.pid, args.work)
         result["berth"].setdefault(name, {}).setdefault(precision, []).append(row)
         _print_level("berth", precision, name, row)
         _save(result, args.out)

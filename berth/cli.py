@@ -12,7 +12,7 @@ import argparse
 import importlib
 import sys
 
-from berth import __version__
+from tasks.version import berth_version
 
 # In the order they appear in `berth --help`.
 SUBCOMMAND_MODULES = [
@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="berth",
         description="BERT heads, trained, exported and served. Run `berth <command> --help` for details.",
     )
-    parser.add_argument("--version", action="version", version=f"berth {__version__}")
+    parser.add_argument("--version", action="version", version=f"berth {berth_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="<command>")
     for name in SUBCOMMAND_MODULES:
         importlib.import_module(name).add_parser(subparsers)

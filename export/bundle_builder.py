@@ -30,7 +30,8 @@ from tasks.bundle import (
     sign_bundle,
     write_manifest,
 )
-from tasks.onnx_session import CPU, CUDA, create_session
+from tasks.onnx_session import CPU, CUDA, create_session, onnx_item_runner, onnx_runner
+from tasks.registry import definition, head_class
 from tasks.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -135,12 +136,13 @@ def export_bundle(
 
         tokenizer = load_tokenizer(final / TOKENIZER_FILE)
         examples, source = parity.parity_slice(
-            spec, tokenizer, data_dir, parity_examples or spec.definition.parity_examples)
-        reference = torch_runner(model, spec.output_names)
+            spec, tokenizer, data_dir, parity_examples or definition(spec.task).parity_examples)
+        output_names = definition(spec.task).output_names
+        reference = torch_runner(model, output_names)
         reports = []
         for provider in _providers_to_validate(precision, prefer_gpu):
             session, used = create_session(model_path, precision, threads or 0, prefer_gpu=provider == CUDA)
-            report = parity.check_parity(spec, examples, reference, parity.onnx_runner(session, spec.output_names),
+            report = parity.check_parity(spec, examples, reference, onnx_runner(session, output_names),
                                          precision, used, source, min_agreement=min_agreement,
                                          raise_on_failure=precision == "fp32", metric_checked=dev_file is not None)
             if precision != "fp32":
@@ -174,8 +176,10 @@ def _with_metric_gate(report: dict[str, Any], spec, tokenizer, dev_file: Path | 
                       metric_examples: int | None) -> dict[str, Any]:
     """Add the task-metric gate to an fp16/int8 agreement report; raise `ParityError` if either failed."""
     if dev_file is not None:
-        candidate = parity.onnx_torch_module(session, spec.output_names)
-        metric = parity.metric_gate(spec, tokenizer, dev_file, model, candidate, metric_examples)
+        from training.predict import torch_item_runner
+
+        metric = parity.metric_gate(spec, tokenizer, dev_file, torch_item_runner(model), onnx_item_runner(session),
+                                    metric_examples)
         report = {**report, "metric": metric, "passed": report["passed"] and metric["passed"],
                   "threshold": {**report["threshold"], "metric_drop_points": metric["max_drop_points"]}}
     else:
@@ -310,6 +314,6 @@ def _manifest(spec, config, target_precision, opset, inputs, outputs, checkpoint
             "vocab_size": config.vocab_size,
             # Sequence heads: how the graph pools the encoder output (in the graph: the service needs nothing).
             "classifier_pooling": ((config.classifier_pooling or "cls")
-                                   if spec.head_class == "BertForSequenceClassification" else None),
+                                   if head_class(spec) == "BertForSequenceClassification" else None),
         },
     }

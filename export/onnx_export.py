@@ -17,8 +17,7 @@ import torch
 from torch import nn
 
 from tasks.batching import MODEL_INPUT_NAMES
-from tasks.embedding import sentence_transformers_settings
-from tasks.registry import definition
+from tasks.registry import definition, head_class
 from tasks.spec import TASK_FILE, TaskSpec
 from training.checkpoint import LoadReport, load_pretrained
 from training.model import MODEL_CLASSES, BertPreTrainedModel
@@ -64,21 +63,11 @@ def load_finetuned(folder: str | Path, task: str | None = None, pooling: str | N
             raise ExportError(f"{folder / TASK_FILE} says task {spec.task!r}, not {task!r}")
     elif task:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        labels = [config["id2label"][str(i)] for i in range(len(config["id2label"]))] if task in (
-            "classification", "pair", "ner") and config.get("id2label") else []
-        spec = TaskSpec(task=task, labels=labels, problem_type=config.get("problem_type"))
-        if task == "embedding":
-            settings = sentence_transformers_settings(folder)
-            spec.max_seq_length = settings["max_seq_length"]
-            spec.extra = {"pooling": pooling or settings["pooling"], "normalize": settings["normalize"]}
+        spec = definition(task).spec_from_checkpoint(folder, config, pooling)
     else:
         raise ExportError(f"{folder}: no {TASK_FILE}; is it a berth fine-tuned folder? (or name the task with --task)")
-    model_class = MODEL_CLASSES[spec.head_class]
-    overrides: dict[str, Any] = {}
-    if spec.labels:
-        overrides["id2label"] = dict(enumerate(spec.labels))
-    if spec.task == "embedding":
-        overrides["pooling_mode"] = spec.extra.get("pooling", "mean")
+    model_class = MODEL_CLASSES[head_class(spec)]
+    overrides = definition(spec.task).head_overrides(spec)
     model, report = load_pretrained(model_class, folder, **overrides)
     model.eval()
     return model, spec, report

@@ -30,7 +30,7 @@ from tokenizers import Tokenizer
 
 from tasks.definition import ItemOutputs, Prepared
 from tasks.embedding import EMBEDDING_MIN_COSINE
-from tasks.inference import Runner, iter_batches, offline_shape
+from tasks.inference import ItemRunner, Runner, iter_batches, offline_shape
 from tasks.registry import definition
 from tasks.spec import TaskSpec
 
@@ -99,13 +99,6 @@ def _first_file(data_dir: Path | None, shared: str, sample: str | None) -> Path 
 
 
 # -- running both engines ------------------------------------------------------------------------------
-
-
-def onnx_runner(session: Any, output_names: Sequence[str]) -> Runner:
-    def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return dict(zip(output_names, session.run(list(output_names), feeds)))
-
-    return run
 
 
 def run_pair(
@@ -305,43 +298,19 @@ def format_report(report: dict[str, Any]) -> str:
 # -- the task metric on the model's own dev set ------------------------------------------------------------
 
 
-def onnx_torch_module(session: Any, output_names: Sequence[str]) -> Any:
-    """A torch.nn.Module whose forward runs an ONNX Runtime session, so the training evaluation code
-    (the task layer's encoding and decoding, the official metrics) scores the ONNX model as it does PyTorch."""
-    import torch
-
-    class OnnxModel(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.anchor = torch.nn.Parameter(torch.zeros(1), requires_grad=False)  # tells evaluation the device
-
-        def forward(self, input_ids, attention_mask=None, token_type_ids=None):
-            feeds = {"input_ids": input_ids.cpu().numpy(), "attention_mask": attention_mask.cpu().numpy(),
-                     "token_type_ids": token_type_ids.cpu().numpy()}
-            outputs = session.run(list(output_names), feeds)
-            return {name: torch.from_numpy(array) for name, array in zip(output_names, outputs)}
-
-    return OnnxModel().eval()
-
-
-def headline_metric(task: str, metrics: dict[str, float]) -> str:
-    """The metric the gate guards: entity / answer F1 for NER and QA, Pearson for a regression score, else accuracy."""
-    return definition(task).headline_metric(metrics)[0]
-
-
 def metric_gate(
-    spec: TaskSpec, tokenizer: Tokenizer, dev_file: Path, reference: Any, candidate: Any, limit: int | None = None,
-    max_drop: float = MAX_METRIC_DROP,
+    spec: TaskSpec, tokenizer: Tokenizer, dev_file: Path, reference: ItemRunner, candidate: ItemRunner,
+    limit: int | None = None, max_drop: float = MAX_METRIC_DROP,
 ) -> dict[str, Any]:
-    """Score `reference` and `candidate` (torch modules) on the first `limit` examples of `dev_file` with the
-    task's official metric; passed when the candidate's headline metric is at most `max_drop` points lower."""
+    """Score `reference` and `candidate` on the first `limit` examples of `dev_file` with the task's official
+    metric; passed when the candidate's headline metric is at most `max_drop` points lower."""
     from export.calibration import adapter
 
     task = adapter(spec, tokenizer, dev_file)
-    examples = task.read(dev_file, limit=limit or spec.definition.metric_examples, seed=None)
+    examples = task.read(dev_file, limit=limit or definition(spec.task).metric_examples, seed=None)
     ref_metrics, _ = task.evaluate(reference, examples, spec)
     cand_metrics, _ = task.evaluate(candidate, examples, spec)
-    name, scale = spec.definition.headline_metric(ref_metrics)
+    name, scale = definition(spec.task).headline_metric(ref_metrics)
     ref_value, cand_value = ref_metrics[name] * scale, cand_metrics[name] * scale
     return {
         "name": name,

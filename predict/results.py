@@ -74,6 +74,11 @@ def layout(task: str, spec: Any, options: Any) -> Layout:
         return Layout([pa.field("choices", pa.list_(choice)), *truncation],
                       lambda r: {"choices": r, "truncated": any(c["truncated"] for c in r),
                                  "truncated_tokens": sum(c["truncated_tokens"] for c in r)})
+    if task == "rerank":
+        ranked = [("index", pa.int64()), ("relevance_score", pa.float64()), ("truncated", pa.bool_())]
+        if options.return_documents:
+            ranked.append(("document", pa.struct([("text", pa.string())])))
+        return Layout([pa.field("results", pa.list_(pa.struct(ranked)))], lambda r: {"results": r})
     raise ValueError(f"berth predict does not know how to write {task} results")
 
 

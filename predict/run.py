@@ -25,22 +25,21 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import numpy as np
 from tokenizers import Tokenizer
 
 from predict import io, results
 from predict.parts import PartStore
-from service.settings import ServiceSettings
 from tasks.bundle import MODEL_FILE, TOKENIZER_FILE, load_bundle
-from tasks.definition import InputFailed, Prepared, per_input
-from tasks.inference import BatchShape, run_items
-from tasks.onnx_session import CUDA, create_session, per_token_output_bytes
+from tasks.common import InputFailed
+from tasks.cpu import usable_cpus
+from tasks.definition import Prepared, per_input
+from tasks.inference import PASS_OUTPUT_BYTES, BatchShape, run_items
+from tasks.onnx_session import CUDA, create_session, onnx_runner, per_token_output_bytes
 from tasks.qa import question_too_long
+from tasks.registry import definition
 from tasks.tokenizer import GilFreeTokenizer
 
 PREPARE_CHUNK = 256  # inputs prepared by one prepare_many call: a refused input costs at most a chunk's redo
-# per-token output bytes of one pass (fill-mask's logits), as the service's default
-PASS_OUTPUT_BYTES: int = ServiceSettings.model_fields["max_pass_output_bytes"].default
 
 
 class RowError(ValueError):
@@ -54,6 +53,8 @@ class Columns:
     question: str = "question"
     context: str = "context"
     choices: str = "choices"
+    query: str = "query"
+    documents: str = "documents"
     id: str = "id"
 
 
@@ -79,11 +80,9 @@ class Model:
     """A verified bundle: its spec, tokenizer, task definition and ONNX Runtime session."""
 
     def __init__(self, folder: Path, threads: int = 0):
-        from service.cpu import usable_cpus
-
         self.bundle = load_bundle(folder, verify_hashes=True)
         self.spec = self.bundle.spec()
-        self.definition = self.spec.definition
+        self.definition = definition(self.spec.task)
         tokenizer = Tokenizer.from_file(str(self.bundle.path / TOKENIZER_FILE))
         tokenizer.no_padding()
         tokenizer.no_truncation()
@@ -117,6 +116,7 @@ class Predictor:
         self.id_from_column = id_from_column
         self.keep = self.definition.keep(model.tokenizer, model.spec, options)
         self.fetch = list(self.keep.names)
+        self.run = onnx_runner(model.session, self.fetch)
         per_token_bytes = model.bytes_per_token(self.fetch)
         cpu = model.provider != CUDA
         self.shape = BatchShape([model.spec.max_seq_length], max_batch_size=max_batch_size,
@@ -139,6 +139,21 @@ class Predictor:
             raise RowError(f"column {column!r}: empty or only whitespace")
         return value
 
+    def _texts(self, row: dict[str, Any], column: str) -> list[str]:
+        """A list of texts: a list value, or in CSV/TSV a JSON list in the cell."""
+        values = row.get(column)
+        if isinstance(values, str):
+            import orjson
+
+            try:
+                values = orjson.loads(values)
+            except orjson.JSONDecodeError:
+                raise RowError(f"column {column!r}: not a JSON list of texts") from None
+        if not isinstance(values, list):
+            raise RowError(f"missing column {column!r}" if values is None else f"column {column!r}: not a list of texts")
+        texts = {f"{column}[{i}]": value for i, value in enumerate(values)}
+        return [self._text(texts, name) for name in texts]
+
     def make_input(self, row: dict[str, Any]) -> Any:
         """The task's input from a row, as the route takes it (a text, or an object with the route's fields)."""
         c, task = self.columns, self.definition.name
@@ -147,23 +162,16 @@ class Predictor:
         if task == "qa":
             return SimpleNamespace(question=self._text(row, c.question), context=self._text(row, c.context))
         if task == "multiple-choice":
-            choices = row.get(c.choices)
-            if isinstance(choices, str):  # CSV/TSV: a JSON list in the cell
-                import orjson
-
-                try:
-                    choices = orjson.loads(choices)
-                except orjson.JSONDecodeError:
-                    raise RowError(f"column {c.choices!r}: not a JSON list of texts") from None
-            if not isinstance(choices, list):
-                raise RowError(f"missing column {c.choices!r}" if choices is None else
-                               f"column {c.choices!r}: not a list of texts")
+            choices = self._texts(row, c.choices)
             if len(choices) < 2:
                 raise RowError(f"column {c.choices!r}: {len(choices)} choice(s); a multiple-choice input needs "
                                "at least 2")
-            texts = {f"choices[{i}]": value for i, value in enumerate(choices)}
-            return SimpleNamespace(context=self._text(row, c.context),
-                                   choices=[self._text(texts, name) for name in texts])
+            return SimpleNamespace(context=self._text(row, c.context), choices=choices)
+        if task == "rerank":
+            documents = self._texts(row, c.documents)
+            if not documents:
+                raise RowError(f"column {c.documents!r}: no documents")
+            return SimpleNamespace(query=self._text(row, c.query), documents=documents)
         return self._text(row, c.text)
 
     def row_id(self, number: int, row: Any) -> Any:
@@ -235,10 +243,6 @@ class Predictor:
 
     # -- prepared -> results ---------------------------------------------------------------------------
 
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        values = self.model.session.run(self.fetch, {name: feeds[name] for name in self.model.input_names})
-        return dict(zip(self.fetch, values))
-
     def results(self, prepared: list[Prepared]) -> list[Any]:
         """The decoded results of prepared inputs: every item run in planned batches, each keeping what the
         task's Keep makes of its rows, then the task's decode."""
@@ -304,7 +308,7 @@ def predict(job: Job) -> dict[str, Any]:
     model = Model(job.bundle, job.threads)
     options = task_options(model.definition, job.options)
     c = job.columns
-    reader = io.open_reader(job.input, in_kind, [c.text, c.pair, c.question, c.context, c.choices, c.id])
+    reader = io.open_reader(job.input, in_kind, [c.text, c.pair, c.question, c.context, c.choices, c.query, c.documents, c.id])
     id_from_column = io.has_column(reader, c.id)
     predictor = Predictor(model, options, c, id_from_column, job.max_batch_size, job.pass_tokens)
     schema = results.schema(pa.string() if id_from_column else pa.int64(), predictor.layout)

@@ -7,14 +7,17 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from berth import __version__
+from service.compat.errors import HF_PREFIX, TEI_PATHS, error_response_for
+from service.compat.hf import hf
+from service.compat.tei import tei
 from service.errors import install_error_handlers
 from service.fastpath import FastPath
 from service.middleware import RequestGuard
 from service.playground import install_playground
-from service.routes import probes, v1
+from service.routes import probes, v1, v2
 from service.runtime import Runtime
 from service.settings import ServiceSettings
+from tasks.version import berth_version
 
 DESCRIPTION = """BERT heads served on ONNX Runtime with dynamic batching.
 
@@ -22,7 +25,12 @@ Every /v1 inference route takes one input or a list (`inputs`) and answers `{"mo
 result per input in input order. Errors are always `{"error", "error_type"}` with the matching status.
 Character offsets are Python str indices into the caller's own string. Timing headers: `x-total-time`,
 `x-tokenization-time`, `x-queue-time`, `x-inference-time` (milliseconds), and `Server-Timing` with every
-stage (parse, tokenize, queue, pad, inference, wake, decode, serialize)."""
+stage (parse, tokenize, queue, pad, inference, wake, decode, serialize).
+
+The same models also answer in the wire formats of other servers: the Hugging Face Inference API at
+`POST /models/{name}`, text-embeddings-inference's `/embed`, `/embed_all`, `/predict`, `/rerank`,
+`/tokenize`, `/decode` and `/info`, OpenAI's `/v1/embeddings`, and Cohere's and Jina's `/v1/rerank` (Cohere's v2 client:
+`/v2/rerank`)."""
 
 
 def create_app(settings: ServiceSettings | None = None, runtime: Runtime | None = None) -> FastAPI:
@@ -35,16 +43,21 @@ def create_app(settings: ServiceSettings | None = None, runtime: Runtime | None 
         yield
         await runtime.stop()
 
-    app = FastAPI(title="berth", version=__version__, description=DESCRIPTION, lifespan=lifespan)
+    app = FastAPI(title="berth", version=berth_version(), description=DESCRIPTION, lifespan=lifespan)
     app.state.runtime = runtime
     install_error_handlers(app)
     app.include_router(v1)
+    app.include_router(v2)
     app.include_router(probes)
+    app.include_router(hf)  # the wire formats of other servers (service/compat)
+    app.include_router(tei)
     if settings.playground:
         install_playground(app)
-    app.add_middleware(FastPath, router=v1)  # inside the guard: the body is read and checked already
+    app.add_middleware(FastPath, v1, v2)  # inside the guard: the body is read and checked already
     app.add_middleware(RequestGuard, metrics=runtime.metrics, max_body_bytes=settings.max_body_bytes,
                        api_key=settings.api_key.get_secret_value() if settings.api_key else None,
                        max_concurrent=settings.max_concurrent_requests, max_body_reads=settings.max_body_reads,
-                       body_read_timeout_s=settings.body_read_timeout_s, retry_after_s=settings.retry_after_s)
+                       body_read_timeout_s=settings.body_read_timeout_s, retry_after_s=settings.retry_after_s,
+                       protected_prefixes=(HF_PREFIX,), protected_paths=TEI_PATHS,
+                       error_response_for=error_response_for)
     return app

@@ -112,9 +112,6 @@ from tasks.inference import (
 
 log = logging.getLogger("berth.service.batcher")
 
-ModelInput = ModelItem  # what the task layer produces: EncodedInput, QAWindow
-RunFn = Runner
-
 
 # -- the batcher's own errors (the service maps them to HTTP statuses in service/errors.py) ---------------
 

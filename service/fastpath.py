@@ -25,12 +25,13 @@ from service.errors import response_for
 
 
 class FastPath:
-    """ASGI middleware in front of the app's router for `router`'s POST routes whose endpoint is `(body, request)`."""
+    """ASGI middleware in front of the app's router for the POST routes of `router` (and of `more` routers) whose
+    endpoint is `(body, request)`."""
 
-    def __init__(self, app: ASGIApp, router: APIRouter):
+    def __init__(self, app: ASGIApp, router: APIRouter, *more: APIRouter):
         self.app = app
         self.routes: dict[str, tuple[APIRoute, type[BaseModel]]] = {}
-        for route in router.routes:
+        for route in (route for each in (router, *more) for route in each.routes):
             if isinstance(route, APIRoute) and route.methods == {"POST"}:
                 body_model = typing.get_type_hints(route.endpoint).get("body")
                 if isinstance(body_model, type) and issubclass(body_model, BaseModel):

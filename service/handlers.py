@@ -10,18 +10,27 @@ from its task's definition; the embedding task has two more routes (OpenAI's sha
 from __future__ import annotations
 
 import base64
+import uuid
 from typing import Any
 
+from service import token_ids
 from service.errors import ErrorType, ServiceError
 from service.models import ServedModel
-from service.schemas import EmbeddingsRequest, SimilarityInput, SimilarityRequest
+from service.schemas import (
+    MAX_RERANK_DOCUMENTS,
+    EmbeddingsRequest,
+    RerankRequest,
+    SimilarityInput,
+    SimilarityRequest,
+)
 from tasks import embedding
-from tasks.classification import InputTooLong
-from tasks.definition import InputFailed, ItemOutputs, Prepared, TaskDefinition
+from tasks.common import InputFailed, InputTooLong
+from tasks.definition import ItemOutputs, Prepared, TaskDefinition
 from tasks.fill_mask import NoMask
 from tasks.inference import Keep
 from tasks.qa import question_too_long
 from tasks.registry import DEFINITIONS
+from tasks.rerank import RerankInput
 from tasks.tokenizer import truncation
 
 Outputs = list[ItemOutputs]  # one dict of output rows per model item
@@ -39,9 +48,27 @@ class TaskHandler:
         self.task = definition.name
         self.route = route or definition.route
 
+    budget_hint = ""  # appended to the item and token budgets' 413: what the caller can do about it
+
     def texts(self, raw: Any) -> list[tuple[str, str]]:
         """(field name, text) of one input, for the limit checks."""
         return self.definition.texts(raw)
+
+    def where(self, index: int, field: str, raw: Any) -> str:
+        """Where a text of input `index` is in the request, for the messages that name it."""
+        return f"inputs[{index}]" + ("" if isinstance(raw, str) else f".{field}")
+
+    def check_count(self, inputs: list[Any], settings: Any) -> None:
+        """How many inputs a request may send: at least one (422), at most max_inputs_per_request (413)."""
+        if not inputs:
+            raise ServiceError(ErrorType.VALIDATION, "inputs: the list is empty; send at least one input")
+        if len(inputs) > settings.max_inputs_per_request:
+            raise ServiceError(ErrorType.TOO_LARGE, f"inputs: {len(inputs)} inputs in one request; the limit is "
+                               f"{settings.max_inputs_per_request} (max_inputs_per_request)")
+
+    def item_limit(self, prepared: list[Prepared], settings: Any) -> tuple[int, str]:
+        """The most model items (sequences, windows) this request may make, and the name of that limit."""
+        return settings.max_items_per_request, "max_items_per_request"
 
     def check_body(self, body: Any, settings: Any) -> None:
         """Request options a setting caps (422 naming it); nothing by default."""
@@ -133,20 +160,29 @@ class EmbedHandler(TaskHandler):
 
 
 class OpenAIEmbeddingsHandler(EmbedHandler):
-    """/v1/embeddings: the same embeddings; `openai_payload` gives the response OpenAI's shape."""
+    """/v1/embeddings: the same embeddings; `openai_payload` gives the response OpenAI's shape. An input is a
+    text or, as OpenAI takes them, a list of token ids (service/token_ids.py)."""
 
-    def check_input(self, model: ServedModel, raw: str, body: EmbeddingsRequest, index: int) -> None:
+    def texts(self, raw: str | list[int]) -> list[tuple[str, str]]:
+        return [] if token_ids.is_ids(raw) else super().texts(raw)
+
+    def check_body(self, body: EmbeddingsRequest, settings: Any) -> None:
+        token_ids.check_id_lengths(body.inputs if isinstance(body.inputs, list) else [], settings, "input")
+
+    def check_input(self, model: ServedModel, raw: str | list[int], body: EmbeddingsRequest, index: int) -> None:
         size = int(model.bundle.encoder_config.get("hidden_size", 0))
         if body.dimensions is not None and body.dimensions != size:
             raise ServiceError(ErrorType.VALIDATION, f"dimensions: {body.dimensions}; model {model.name!r} gives "
                                f"{size}-dimensional embeddings (shortening is not supported)")
+        if token_ids.is_ids(raw):
+            token_ids.check_ids(model, raw, f"input[{index}]")
         super().check_input(model, raw, body, index)
 
     def prepare_checked(self, model: ServedModel, inputs: list[Any], body: EmbeddingsRequest) -> list[Prepared]:
         """As OpenAI: an input longer than the model takes is a 400 naming it and its token count, unless the
         request says `"truncate": true` (text-embeddings-inference's option), which cuts it and says so."""
         try:
-            return self.definition.prepare_many(model.tokenizer, model.spec, inputs, body)
+            return token_ids.prepare_mixed(self.definition, model, inputs, body)
         except InputFailed as failed:
             if isinstance(failed.error, InputTooLong):
                 raise ServiceError(ErrorType.VALIDATION, f"input[{failed.index}]: this model's maximum context "
@@ -229,9 +265,53 @@ def similarity_payload(model_name: str, results: list[dict[str, Any]]) -> dict[s
             "truncated_tokens": [r["truncated_tokens"] for r in results]}
 
 
+class RerankHandler(TaskHandler):
+    """/v1/rerank (and /v2/rerank, where Cohere's v2 client posts): one query and its documents are the task's one
+    input; `rerank_payload` gives the answer Cohere's shape. A document's first window is free of
+    max_items_per_request (a request may send MAX_RERANK_DOCUMENTS documents); the windows of long documents
+    beyond it count against it, and every window's tokens, the query's included, against max_tokens_per_request."""
+
+    budget_hint = "; max_tokens_per_doc cuts long documents to fewer windows, or send fewer documents"
+
+    def where(self, index: int, field: str, raw: RerankInput) -> str:
+        return field  # "query", "documents[3]": the request's own fields
+
+    def check_count(self, inputs: list[RerankInput], settings: Any) -> None:
+        documents = len(inputs[0].documents)
+        if not documents:
+            raise ServiceError(ErrorType.VALIDATION, "documents: the list is empty; send at least one document")
+        if documents > MAX_RERANK_DOCUMENTS:
+            raise ServiceError(ErrorType.TOO_LARGE, f"documents: {documents} in one request; the limit is "
+                               f"{MAX_RERANK_DOCUMENTS}; split them over several requests")
+
+    def item_limit(self, prepared: list[Prepared], settings: Any) -> tuple[int, str]:
+        documents = sum(len(p.state.documents) for p in prepared)
+        return documents + settings.max_items_per_request, "one window per document + max_items_per_request"
+
+    def prepare_checked(self, model: ServedModel, inputs: list[RerankInput], body: RerankRequest) -> list[Prepared]:
+        try:
+            return self.definition.prepare_many(model.tokenizer, model.spec, inputs, body)
+        except InputFailed as failed:
+            if isinstance(failed.error, InputTooLong):  # the query leaves no room for a document token
+                raise ServiceError(ErrorType.TOO_LARGE, f"{failed.error}; shorten the query") from None
+            raise refusal(failed.error, "query", body) from None
+
+    def finish(self, model, prepared, outputs, body: RerankRequest) -> list[Any]:
+        ranked = self.definition.decode(model.tokenizer, model.spec, prepared, outputs, body)
+        return [{"results": r, "tokens": sum(len(item) for item in p.items)} for r, p in zip(ranked, prepared)]
+
+
+def rerank_payload(model_name: str, results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Cohere's v2 rerank response for the one input's ranking, with Jina's `model` and `usage`."""
+    [answer] = results
+    tokens = answer["tokens"]
+    return {"id": str(uuid.uuid4()), "results": answer["results"], "meta": {"tokens": {"input_tokens": tokens}},
+            "model": model_name, "usage": {"total_tokens": tokens}}
+
+
 # Each task's own route; a task whose route needs more than the definition has its adapter class here.
 _ADAPTERS: dict[str, type[TaskHandler]] = {"qa": QAHandler, "multiple-choice": ChoiceHandler, "embedding": EmbedHandler,
-                                            "fill-mask": FillMaskHandler}
+                                            "fill-mask": FillMaskHandler, "rerank": RerankHandler}
 HANDLERS: dict[str, TaskHandler] = {name: _ADAPTERS.get(name, TaskHandler)(definition)
                                     for name, definition in DEFINITIONS.items() if definition.route}
 OPENAI_EMBEDDINGS = OpenAIEmbeddingsHandler(DEFINITIONS["embedding"], "/v1/embeddings")

@@ -141,15 +141,11 @@ def _ms(seconds: float) -> str:
 
 def check_inputs(inputs: list[Any], handler: TaskHandler, settings: ServiceSettings) -> None:
     """The request limits (413) and what pydantic cannot say about the texts (422)."""
-    if not inputs:
-        raise ServiceError(ErrorType.VALIDATION, "inputs: the list is empty; send at least one input")
-    if len(inputs) > settings.max_inputs_per_request:
-        raise ServiceError(ErrorType.TOO_LARGE, f"inputs: {len(inputs)} inputs in one request; the limit is "
-                           f"{settings.max_inputs_per_request} (max_inputs_per_request)")
+    handler.check_count(inputs, settings)
     total = 0
     for index, raw in enumerate(inputs):
         for field, text in handler.texts(raw):
-            where = f"inputs[{index}]" + ("" if isinstance(raw, str) else f".{field}")
+            where = handler.where(index, field, raw)
             if not text.strip():
                 raise ServiceError(ErrorType.VALIDATION, f"{where}: empty or only whitespace")
             if len(text) > settings.max_chars_per_input:
@@ -215,16 +211,20 @@ def fewest_tokens(texts: Iterable[str]) -> int:
     return sum(sum(1 for word in text.split() if _WORD_CHARACTER.search(word)) + 1 for text in texts)
 
 
-def check_budget(prepared: list[Any], settings: ServiceSettings) -> None:
-    """The exact per-request budgets, after tokenizing and before any inference (413 naming the limit)."""
+def check_budget(prepared: list[Any], settings: ServiceSettings, handler: TaskHandler | None = None) -> None:
+    """The exact per-request budgets, after tokenizing and before any inference (413 naming the limit; the
+    handler's item limit and hint where it has its own)."""
     items = sum(len(p.items) for p in prepared)
-    if items > settings.max_items_per_request:
+    limit, named = (settings.max_items_per_request, "max_items_per_request") if handler is None \
+        else handler.item_limit(prepared, settings)
+    hint = "" if handler is None else handler.budget_hint
+    if items > limit:
         raise ServiceError(ErrorType.TOO_LARGE, f"the request makes {items} model inputs (sequences or windows); "
-                           f"the limit is {settings.max_items_per_request} (max_items_per_request)")
+                           f"the limit is {limit} ({named}){hint}")
     tokens = sum(len(item) for p in prepared for item in p.items)
     if tokens > settings.max_tokens_per_request:
         raise ServiceError(ErrorType.TOO_LARGE, f"the request makes {tokens} tokens (windows included); the limit "
-                           f"is {settings.max_tokens_per_request} (max_tokens_per_request)")
+                           f"is {settings.max_tokens_per_request} (max_tokens_per_request){hint}")
 
 
 async def _compute(model: ServedModel, handler: TaskHandler, inputs: list[Any], body: Any, deadline: float,
@@ -251,7 +251,7 @@ async def _compute(model: ServedModel, handler: TaskHandler, inputs: list[Any], 
     try:
         prepared = await _maybe_in_thread(pool, prepare)
         timings.tokenize_s = time.perf_counter() - begin
-        check_budget(prepared, settings)
+        check_budget(prepared, settings, handler)
         handler.check_prepared(model, prepared, body, settings)
         nbytes = handler.response_bytes(model, prepared, body)
         reserved.take(nbytes)

@@ -23,7 +23,7 @@ import onnxruntime
 from tokenizers import Tokenizer
 
 from service.batcher import Batcher, BatchPolicy, clip_buckets
-from service.cpu import ComputeSlots, usable_cpus
+from service.cpu import ComputeSlots
 from service.errors import ErrorType, ServiceError
 from service.metrics import Metrics
 from service.settings import ServiceSettings
@@ -37,6 +37,7 @@ from tasks.bundle import (
     load_bundle,
     load_public_key,
 )
+from tasks.cpu import usable_cpus
 from tasks.definition import TaskDefinition
 from tasks.inference import BatchTable
 from tasks.onnx_session import CUDA, create_session, per_token_output_bytes
@@ -116,7 +117,7 @@ class ServedModel:
 
     @property
     def definition(self) -> TaskDefinition:
-        return self.spec.definition
+        return definition(self.spec.task)
 
     @property
     def provider(self) -> str:
@@ -255,7 +256,7 @@ def load_model(bundle: Bundle, settings: ServiceSettings, metrics: Metrics, intr
     if spec.max_seq_length > settings.max_batch_tokens:
         raise RepositoryError(f"bundle {name}: max_seq_length {spec.max_seq_length} exceeds max_batch_tokens "
                               f"{settings.max_batch_tokens}; a full-length input could never run")
-    batcher = Batcher(name, engine, policy, metrics, per_token=spec.definition.per_token, compute_slots=slots,
+    batcher = Batcher(name, engine, policy, metrics, per_token=definition(spec.task).per_token, compute_slots=slots,
                       threads=threads, run_narrow=narrow_engine, narrow_threads=narrow_threads,
                       output_names=engine.output_names)
     model = ServedModel(name, bundle, spec, load_bundle_tokenizer(bundle), engine, batcher)

@@ -1,4 +1,5 @@
-"""The HTTP routes: /v1 inference and model listing (behind the optional API key), probes, metrics."""
+"""The HTTP routes: /v1 inference and model listing (behind the optional API key), /v2/rerank (Cohere's v2 path),
+probes, metrics."""
 
 from __future__ import annotations
 
@@ -7,7 +8,14 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
-from service.handlers import HANDLERS, OPENAI_EMBEDDINGS, SIMILARITY, openai_payload, similarity_payload
+from service.handlers import (
+    HANDLERS,
+    OPENAI_EMBEDDINGS,
+    SIMILARITY,
+    openai_payload,
+    rerank_payload,
+    similarity_payload,
+)
 from service.inference import infer
 from service.metrics import CONTENT_TYPE
 from service.runtime import Phase, Runtime
@@ -29,6 +37,8 @@ from service.schemas import (
     PairRequest,
     QARequest,
     QAResponse,
+    RerankRequest,
+    RerankResponse,
     SimilarityRequest,
     SimilarityResponse,
 )
@@ -114,6 +124,18 @@ async def choice(body: ChoiceRequest, request: Request) -> Response:
     return await infer(request, HANDLERS["multiple-choice"], body)
 
 
+RERANK_SUMMARY = "Rerank documents for a query (Cohere v2 / Jina shape)"
+
+
+@v1.post("/rerank", response_model=RerankResponse, summary=RERANK_SUMMARY)
+async def rerank(body: RerankRequest, request: Request) -> Response:
+    """Cohere's v2 `{id, results: [{index, relevance_score, document?}], meta}` with Jina's `model` and `usage`;
+    each result also says whether its document was `truncated` (cut to max_tokens_per_doc). The documents most
+    relevant first; `top_n` the first n (more than the documents: all of them). A long document is read in
+    overlapping windows and scored by its best one. Also served at /v2/rerank, the path of Cohere's v2 client."""
+    return await infer(request, HANDLERS["rerank"], body, payload_shape=rerank_payload)
+
+
 @v1.get("/models", summary="The served models")
 async def list_models(runtime: RuntimeDep) -> dict:
     described = []
@@ -127,6 +149,11 @@ async def list_models(runtime: RuntimeDep) -> dict:
                               "max_seq_length": spec.max_seq_length, "precision": bundle.precision,
                               "execution_provider": None, "ready": False, "examples": bundle.examples})
     return {"models": described, "phase": runtime.phase.value}
+
+
+# Cohere's v2 client posts to /v2/rerank: the same endpoint, behind the same API key, limits and fast path.
+v2 = APIRouter(prefix="/v2", responses=ERROR_RESPONSES)
+v2.add_api_route("/rerank", rerank, methods=["POST"], response_model=RerankResponse, summary=RERANK_SUMMARY)
 
 
 probes = APIRouter()

@@ -34,12 +34,13 @@ from concurrent.futures import ThreadPoolExecutor
 from enum import StrEnum
 from typing import Any
 
-from service.cpu import ComputeSlots, usable_cpus
+from service.cpu import ComputeSlots
 from service.errors import ErrorType, ServiceError
 from service.metrics import Metrics
 from service.models import RepositoryError, ServedModel, canary_item, discover, load_model, resolve_model
 from service.settings import ServiceSettings
 from tasks.bundle import Bundle
+from tasks.cpu import usable_cpus
 
 log = logging.getLogger("berth.service")
 

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from service.token_ids import TokenIds, as_inputs
 from tasks.classification import ClassifyOptions
 from tasks.embedding import EmbedOptions
 from tasks.fill_mask import FillMaskOptions
 from tasks.multiple_choice import ChoiceOptions
 from tasks.ner import NEROptions
 from tasks.qa import QAOptions
+from tasks.rerank import RerankInput, RerankOptions
 
 OFFSETS_NOTE = ("Offsets are Python str indices (code points) into the caller's original string, end exclusive: "
                 "text[start:end] is the span's text.")
@@ -95,8 +97,9 @@ class EmbeddingsRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    inputs: str | list[str] = Field(validation_alias="input", description="a text or a list of texts "
-                                    "(token-id arrays are not accepted)")
+    inputs: str | list[str] | TokenIds | list[TokenIds] = Field(
+        validation_alias="input", description="a text, a list of texts, or token ids as OpenAI takes them: one list "
+                                              "of ids or a list of such lists (each wrapped in [CLS] ... [SEP])")
     model: str | None = Field(None, description="bundle name (see GET /v1/models); default: the first embedding model")
     encoding_format: Literal["float", "base64"] = Field("float", description="base64: little-endian float32 bytes")
     dimensions: int | None = Field(None, ge=1, description="must equal the model's size when given (no shortening)")
@@ -105,6 +108,11 @@ class EmbeddingsRequest(BaseModel):
     truncate: bool = Field(False, description="cut an input longer than the model's max_seq_length (the result says "
                                               "\"truncated\": true and how many tokens were cut); false (OpenAI's "
                                               "behaviour): such an input is refused with 400 naming it")
+
+    @field_validator("inputs")
+    @classmethod
+    def _one_id_list_is_one_input(cls, value: Any) -> Any:
+        return as_inputs(value)
 
     @property
     def normalize(self) -> bool:
@@ -148,6 +156,43 @@ class ChoiceRequest(ChoiceOptions, _Request):
         {"inputs": {"context": "She opened the umbrella because",
                     "choices": ["it started to rain.", "the soup was cold.", "the train left."]}},
     ]})
+
+
+MAX_RERANK_DOCUMENTS = 1_000  # documents of one /v1/rerank request (more: 413), Cohere's recommended most
+
+
+class RerankDocument(BaseModel):
+    """A document as an object, as Jina's API and Cohere's v1 take it (only `text`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str
+
+
+class RerankRequest(RerankOptions, _Request):
+    """Cohere's v2 rerank request (what `cohere.ClientV2.rerank` sends), which is also Jina's and Cohere v1's:
+    `return_documents`, and documents as strings or `{"text"}` objects, mixed."""
+
+    query: str = Field(description="the search query")
+    documents: list[str | RerankDocument] = Field(
+        description=f"1 to {MAX_RERANK_DOCUMENTS:,} texts (or {{\"text\"}} objects) ranked against the query; a "
+                    "long one is read in overlapping windows and scored by its best window")
+    priority: int | None = Field(None, description="Cohere's scheduling hint: accepted and ignored")
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"model": "ranker", "query": "What is the capital of the United States?", "top_n": 2,
+         "documents": ["Carson City is the capital city of the American state of Nevada.",
+                       "Washington, D.C. is the capital of the United States.",
+                       "Capital gains are profits from the sale of an asset."]},
+        {"query": "Which city has the tallest tower?", "return_documents": True,
+         "documents": [{"text": "Dubai's Burj Khalifa is 828 metres tall."}, "Paris has the Eiffel Tower."]},
+    ]})
+
+    @property
+    def inputs(self) -> RerankInput:
+        """The task layer's one input: the query and every document as its text (validated above already)."""
+        texts = [d if isinstance(d, str) else d.text for d in self.documents]
+        return RerankInput.model_construct(query=self.query, documents=texts)
 
 
 class _Result(BaseModel):
@@ -265,6 +310,44 @@ class EmbeddingsResponse(_Result):
     data: list[OpenAIEmbedding]
     model: str
     usage: Usage
+
+
+class RerankedText(_Result):
+    text: str
+
+
+class RerankResult(_Result):
+    index: int = Field(description="position of the document in the request's list")
+    relevance_score: float = Field(description="0 to 1: the sigmoid of the cross-encoder's logit for the document's "
+                                               "best window")
+    truncated: bool = Field(description="the document was cut to max_tokens_per_doc before it was read (without "
+                                        "that option nothing is cut: a long document is read in windows)")
+    document: RerankedText | None = Field(None, description="with return_documents: the document's text")
+
+
+class RerankTokens(_Result):
+    input_tokens: int = Field(description="tokens the model read: every window of every document with the query "
+                                          "and the special tokens")
+
+
+class RerankMeta(_Result):
+    tokens: RerankTokens
+
+
+class RerankUsage(_Result):
+    total_tokens: int = Field(description="as meta.tokens.input_tokens (Jina's name)")
+
+
+class RerankResponse(_Result):
+    """Cohere's v2 rerank response (`id`, `results`, `meta`), with Jina's `model` and `usage`; each result also says
+    whether its document was `truncated`."""
+
+    id: str = Field(description="a new UUID per answer")
+    model: str
+    results: list[RerankResult] = Field(description="the documents, most relevant first (ties in request order); "
+                                                    "the first top_n when given")
+    meta: RerankMeta
+    usage: RerankUsage
 
 
 class ErrorBody(BaseModel):

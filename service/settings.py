@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from tasks.inference import PASS_OUTPUT_BYTES
+
 ENV_PREFIX = "BERTH_"
 
 
@@ -45,7 +47,7 @@ class ServiceSettings(BaseModel):
                                 "more items go to another pass (past ~1,000 tokens a larger CPU batch only adds "
                                 "latency, docs/SERVICE.md). 0: max_batch_size and max_batch_tokens alone")
     max_pass_output_bytes: int = Field(
-        64 * 1024 * 1024, ge=1024 * 1024,
+        PASS_OUTPUT_BYTES, ge=1024 * 1024,
         description="bytes of per-token outputs one forward pass may return (fill-mask's logits are 122 KB a token "
                     "on a 30,522-word vocabulary): a pass takes fewer tokens (at least one item), so what a pass "
                     "holds is bounded in bytes as well as in tokens")
@@ -121,6 +123,17 @@ class ServiceSettings(BaseModel):
     playground: bool = Field(True, description="serve the playground page at / (false: 404, for locked-down "
                                                "deployments)")
 
+    # -- text-embeddings-inference's routes (/embed, /predict, /rerank...) serve one model each
+    tei_embed_model: str | None = Field(
+        None, description="the embedding model of /embed and /embed_all (default: the one embedding model served, "
+                          "when there is exactly one)")
+    tei_predict_model: str | None = Field(
+        None, description="the classification or pair model of /predict (default: the one such model served, when "
+                          "there is exactly one)")
+    tei_rerank_model: str | None = Field(
+        None, description="the rerank model of /rerank (default: the one rerank model served, when there is "
+                          "exactly one)")
+
     # -- ONNX Runtime
     intra_op_threads: int = Field(
         0, ge=0, description="threads of a lone forward pass (0: the usable cores, cgroup CPU quota respected); "
@@ -155,7 +168,8 @@ class ServiceSettings(BaseModel):
             raise ValueError("length_buckets needs at least one positive length")
         return sorted(set(value))
 
-    @field_validator("model_names", "ready_models", mode="before")
+    @field_validator("model_names", "ready_models", "tei_embed_model", "tei_predict_model", "tei_rerank_model",
+                     mode="before")
     @classmethod
     def _empty_is_none(cls, value: Any) -> Any:
         return None if value in ("", [], ()) else value

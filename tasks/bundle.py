@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from tasks.registry import definition
 from tasks.spec import Task, TaskSpec
+from tasks.version import berth_version
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +211,7 @@ def write_manifest(folder: str | Path, manifest: dict[str, Any]) -> Path:
     manifest["files"] = {name: file_info(folder / name) for name in names}
     manifest["format_version"] = FORMAT_VERSION
     manifest.setdefault("name", folder.resolve().name)
-    manifest.setdefault("berth_version", _berth_version())
+    manifest.setdefault("berth_version", berth_version())
     manifest.setdefault("created_at", datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"))
     manifest[DIGEST_FIELD] = manifest_digest(manifest)
     path = folder / MANIFEST_FILE
@@ -626,6 +627,9 @@ def check_examples(task: str, examples: list[Any]) -> None:
             if name == "choices":
                 if not (isinstance(value, list) and len(value) >= 2 and all(map(_is_text, value))):
                     raise BundleError(f"{where}: choices must be a list of 2 or more non-empty texts")
+            elif name == "documents":
+                if not (isinstance(value, list) and value and all(map(_is_text, value))):
+                    raise BundleError(f"{where}: documents must be a list of 1 or more non-empty texts")
             elif not _is_text(value):
                 raise BundleError(f"{where}: {name} must be a non-empty text")
 
@@ -640,13 +644,3 @@ def find_bundles(repository: str | Path) -> list[Path]:
     if not repository.is_dir():
         return []
     return sorted(child for child in repository.iterdir() if (child / MANIFEST_FILE).is_file())
-
-
-def _berth_version() -> str:
-    """The installed distribution's version (the task layer does not import the berth package)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("berth")
-    except PackageNotFoundError:  # run from a source tree that is not installed
-        return "unknown"

@@ -16,7 +16,7 @@ them: adding a task is one module here plus its head in `training/model.py`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -25,14 +25,13 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 from tokenizers import Tokenizer
 
-from tasks.inference import Keep
+from tasks.common import InputFailed
+from tasks.inference import ItemRunner, Keep
 
 if TYPE_CHECKING:
     from tasks.spec import TaskSpec
 
 ItemOutputs = dict[str, np.ndarray]  # one model item's output rows by output name (per token: trimmed to it)
-# A runner for evaluation: (items, output names, per_token) -> one ItemOutputs per item, in order.
-ItemRunner = Callable[[Sequence[Any], Sequence[str], bool], list[ItemOutputs]]
 
 
 @dataclass(slots=True)
@@ -42,15 +41,6 @@ class Prepared:
     items: Sequence[Any]
     state: Any = None
     truncated: bool = False
-
-
-class InputFailed(ValueError):
-    """Input `index` of a list cannot be prepared; `error` is the task's reason (InputTooLong, NoMask...)."""
-
-    def __init__(self, index: int, error: ValueError):
-        self.index = index
-        self.error = error
-        super().__init__(f"input {index}: {error}")
 
 
 class NoOptions(BaseModel):
@@ -80,6 +70,20 @@ class TaskDefinition:
     def needs_labels(self, problem_type: str | None) -> bool:
         """Must a bundle of this task list its labels?"""
         return False
+
+    def spec_from_checkpoint(self, folder: Path, config: dict[str, Any], pooling: str | None = None) -> TaskSpec:
+        """The spec of a Hugging Face checkpoint folder that has no berth_task.json, read as this task: the labels
+        of its config.json where the task has labels. `pooling` is for tasks that pool (embedding)."""
+        from tasks.spec import TaskSpec
+
+        problem_type = config.get("problem_type")
+        id2label = config.get("id2label") or {}
+        labels = [id2label[str(i)] for i in range(len(id2label))] if self.needs_labels(problem_type) else []
+        return TaskSpec(task=self.name, labels=labels, problem_type=problem_type)
+
+    def head_overrides(self, spec: TaskSpec) -> dict[str, Any]:
+        """Config values the head class is built with for `spec`: its label names by default."""
+        return {"id2label": dict(enumerate(spec.labels))} if spec.labels else {}
 
     # -- serving: input -> items -> results ------------------------------------------------------------
 
@@ -199,11 +203,3 @@ def per_input(prepared: Sequence[Prepared], flat: Sequence[Any]) -> list[list[An
         out.append(list(flat[at : at + len(p.items)]))
         at += len(p.items)
     return out
-
-
-def margin(logits: np.ndarray) -> np.ndarray:
-    """Top-1 minus runner-up softmax probability over the last axis: (..., C) -> (...)."""
-    from tasks.classification import softmax
-
-    top = np.sort(softmax(np.asarray(logits, dtype=np.float64)), axis=-1)
-    return top[..., -1] - top[..., -2]

@@ -17,6 +17,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, Field
 
+from tasks import readers
+from tasks.common import encode_classification_many
 from tasks.definition import Prepared, TaskDefinition
 from tasks.inference import Keep
 from tasks.tokenizer import EncodedInput, truncation
@@ -147,9 +149,18 @@ class EmbeddingTask(TaskDefinition):
     agreement = f"sentence embedding cosine with PyTorch's >= {EMBEDDING_MIN_COSINE}"
     parity_files = ("sst2/dev.tsv", "topics/dev.jsonl")
 
-    def prepare_many(self, tokenizer, spec, inputs: Sequence[str], options) -> list[Prepared]:
-        from tasks.classification import encode_classification_many
+    def spec_from_checkpoint(self, folder, config, pooling=None):
+        """Pooling, normalization and length from the folder's sentence-transformers files (`pooling` overrides)."""
+        spec = super().spec_from_checkpoint(folder, config)
+        settings = sentence_transformers_settings(folder)
+        spec.max_seq_length = settings["max_seq_length"]
+        spec.extra = {"pooling": pooling or settings["pooling"], "normalize": settings["normalize"]}
+        return spec
 
+    def head_overrides(self, spec):
+        return {**super().head_overrides(spec), "pooling_mode": spec.extra.get("pooling", "mean")}
+
+    def prepare_many(self, tokenizer, spec, inputs: Sequence[str], options) -> list[Prepared]:
         encoded = encode_classification_many(tokenizer, inputs, None, max_length=spec.max_seq_length,
                                              truncate=options.truncate)
         return [Prepared([item], item, item.truncated) for item in encoded]
@@ -188,9 +199,7 @@ class EmbeddingTask(TaskDefinition):
         return tuple(float(x) for x in outputs[0]["sentence_embedding"])
 
     def parity_inputs(self, path: Path | None, size: int) -> list[Any]:
-        from tasks.classification import read_sentences
-
-        return read_sentences(path, size)
+        return readers.read_sentences(path, size)
 
 
 DEFINITIONS = (EmbeddingTask(),)

@@ -18,8 +18,9 @@ import numpy as np
 from pydantic import BaseModel, Field
 from tokenizers import Tokenizer
 
-from tasks.classification import softmax
-from tasks.definition import InputFailed, Prepared, TaskDefinition, margin
+from tasks import readers
+from tasks.common import InputFailed, InputTooLong, margin, softmax
+from tasks.definition import Prepared, TaskDefinition
 from tasks.inference import Keep
 from tasks.tokenizer import MASK, PAD, EncodedInput
 
@@ -97,7 +98,6 @@ class FillMaskTask(TaskDefinition):
     def prepare_many(self, tokenizer, spec, inputs: Sequence[str], options) -> list[Prepared]:
         """InputFailed with NoMask for a text without [MASK], with InputTooLong above max_seq_length (a masked
         text is never cut), for the first input that has either."""
-        from tasks.classification import InputTooLong
         from tasks.tokenizer import encode_many
 
         prepared = []
@@ -144,9 +144,7 @@ class FillMaskTask(TaskDefinition):
 
     def parity_inputs(self, path: Path | None, size: int) -> list[Any]:
         """Dev sentences with a middle word-piece masked (never [CLS] or the last [SEP])."""
-        from tasks.classification import read_sentences
-
-        return [MaskedText(text) for text in read_sentences(path, size)]
+        return [MaskedText(text) for text in readers.read_sentences(path, size)]
 
     def prepare_parity(self, tokenizer, spec, raw: MaskedText) -> Prepared:
         from tasks.tokenizer import encode

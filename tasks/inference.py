@@ -11,7 +11,11 @@ evaluated is what is served. A *batch* is what one forward pass sees.
                                   Keep reduces them to: never a view that holds the whole batch's arrays)
     iter_batches / run_items      both, over all items (results in the caller's order)
 
-Torch-free: a runner is any callable from padded int64 feeds to named float arrays.
+Two kinds of runner, both torch-free types:
+    Runner       one padded forward pass: int64 feeds -> float arrays by output name (ONNX Runtime:
+                 tasks/onnx_session.onnx_runner and the service's OnnxEngine; PyTorch: training/predict.torch_runner)
+    ItemRunner   model items -> each item's rows, batched here (`item_runner` makes one of a Runner): what
+                 the task definitions evaluate and predict with (onnx_item_runner, torch_item_runner)
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from tasks.batching import pad_batch
 Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 Rows = dict[str, np.ndarray]  # one item's outputs by name
 BATCH_TABLE_FILE = "batch_table.json"
+# The default byte budget of one pass's per-token outputs (the service's max_pass_output_bytes, `berth predict`'s)
+PASS_OUTPUT_BYTES = 64 * 1024 * 1024
 
 
 class ModelItem(Protocol):
@@ -39,6 +45,10 @@ class ModelItem(Protocol):
     token_type_ids: Any
 
     def __len__(self) -> int: ...
+
+
+# (items, output names, per_token) -> one Rows per item, in the order given.
+ItemRunner = Callable[[Sequence[ModelItem], Sequence[str], bool], list[Rows]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,3 +214,11 @@ def offline_shape(items: Sequence[ModelItem], batch_size: int, pad_multiple: int
     width = -(-longest // pad_multiple) * pad_multiple
     return BatchShape([width], max_batch_size=batch_size, max_batch_tokens=batch_size * width, pad_multiple=pad_multiple)
 
+
+def item_runner(runner_for: Callable[[Sequence[str]], Runner], batch_size: int = 64) -> ItemRunner:
+    """An ItemRunner from `runner_for(output names)`, a Runner that fetches those outputs: the items run as
+    `offline_shape` batches them."""
+    def run(items: Sequence[ModelItem], output_names: Sequence[str], per_token: bool) -> list[Rows]:
+        return run_items(runner_for(output_names), items, per_token, offline_shape(items, batch_size))
+
+    return run

@@ -24,8 +24,9 @@ import numpy as np
 from pydantic import BaseModel, Field
 from tokenizers import Tokenizer
 
-from tasks.classification import encode_classification, encode_classification_many, softmax
-from tasks.definition import InputFailed, Prepared, TaskDefinition
+from tasks import readers
+from tasks.common import InputFailed, encode_classification, encode_classification_many, softmax
+from tasks.definition import Prepared, TaskDefinition
 from tasks.tokenizer import EncodedInput, truncation
 
 SWAG_ENDINGS = ("ending0", "ending1", "ending2", "ending3")
@@ -154,9 +155,7 @@ class MultipleChoiceTask(TaskDefinition):
         return float(outputs[0]["logits"][0])
 
     def parity_inputs(self, path: Path | None, size: int) -> list[Any]:
-        from tasks.classification import DEFINITIONS as CLASSIFICATION
-
-        return CLASSIFICATION[1].parity_inputs(path, size)  # sentence pairs
+        return readers.read_sentence_pairs(path, size)
 
 
 DEFINITIONS = (MultipleChoiceTask(),)

@@ -26,8 +26,9 @@ import numpy as np
 from pydantic import BaseModel, Field
 from tokenizers import Tokenizer
 
-from tasks.classification import LabelSet, softmax
-from tasks.definition import Prepared, TaskDefinition, margin
+from tasks import readers
+from tasks.common import LabelSet, margin, softmax
+from tasks.definition import Prepared, TaskDefinition
 from tasks.graphemes import extend_end
 from tasks.ner_metrics import OUTSIDE, split_tag
 from tasks.tokenizer import CLS, SEP, UNK, EncodedInput, encode
@@ -540,11 +541,8 @@ class NERTask(TaskDefinition):
         return float(min(margin(o["logits"]).min() for o in outputs))
 
     def parity_inputs(self, path: Path | None, size: int) -> list[Any]:
-        from tasks import readers
-        from tasks.classification import BUILTIN_SENTENCES
-
         if path is None:
-            return BUILTIN_SENTENCES[:size]
+            return readers.BUILTIN_SENTENCES[:size]
         sentences = [" ".join(e.tokens) for e in readers.read_conll(path)]
         # Mostly single sentences, and one long document (several windows) from the sentences after them.
         texts = sentences[: max(1, size - 1)]

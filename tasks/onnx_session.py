@@ -1,14 +1,20 @@
-"""One place that decides where an ONNX model runs: CUDA when present and fit, else the CPU.
+"""One place that decides where an ONNX model runs: CUDA when present and fit, else the CPU, and the
+task layer's runners over a session (tasks/inference.py).
 
-Used by export (the parity gate), the engine benchmark and the service, so all three run a bundle
-the same way. Imports onnxruntime lazily; torch-free.
+Used by export (the parity gate), evaluation, `berth predict`, the engine benchmark and the service, so all
+run a bundle the same way. Imports onnxruntime lazily; torch-free.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+
+from tasks.inference import ItemRunner, Runner, item_runner
 
 logger = logging.getLogger(__name__)
 _said: set[str] = set()  # fallback notes already logged: one line per process, not one per session
@@ -116,3 +122,19 @@ def per_token_output_bytes(session: Any, names: Any = None) -> int:
                 and all(isinstance(d, int) for d in inner):
             total += 4 * math.prod(inner)
     return total
+
+
+def onnx_runner(session: Any, output_names: Sequence[str]) -> Runner:
+    """One padded pass on `session`: the feeds its inputs name, `output_names` fetched."""
+    inputs = [node.name for node in session.get_inputs()]
+    names = list(output_names)
+
+    def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(zip(names, session.run(names, {name: feeds[name] for name in inputs})))
+
+    return run
+
+
+def onnx_item_runner(session: Any, batch_size: int = 64) -> ItemRunner:
+    """`session` as the task definitions' runner (evaluation, the parity metric gate)."""
+    return item_runner(lambda names: onnx_runner(session, names), batch_size)

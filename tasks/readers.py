@@ -243,3 +243,34 @@ def read_conll(path: str | Path, iob1: bool | None = None) -> list[NERExample]:
 def read_wnut17(path: str | Path) -> list[NERExample]:
     """WNUT-17 (`token<TAB>tag`, IOB2 tags such as B-creative-work): read_conll, IOB2 required."""
     return read_conll(path, iob1=False)
+
+
+# -- the parity gate's inputs ----------------------------------------------------------------------
+
+# Used by the parity gate when neither ../shared/data nor the shipped samples are there (an installed wheel).
+BUILTIN_SENTENCES = [
+    "The film is a charming and often affecting journey.",
+    "Unflinchingly bleak and desperate.",
+    "It's slow -- very, very slow.",
+    "A sometimes tedious film, but the acting, costumes, music and cinematography are all astounding.",
+    "Emma is a novel by Jane Austen, first published in December 1815.",
+    "The European Commission said on Thursday it disagreed with German advice to consumers to shun British lamb.",
+    "Peter Blackburn met officials of the World Health Organization in Geneva on Monday.",
+    "Who wrote the theory of relativity, and when was it published?",
+]
+
+
+def read_sentences(path: Path | None, size: int) -> list[str]:
+    """The first `size` texts of an SST-2 TSV or a text table; the built-in sentences without a file."""
+    if path is None:
+        return BUILTIN_SENTENCES[:size]
+    examples = read_sst2(path) if path.suffix == ".tsv" else read_table(path)
+    return [e.text for e in examples[:size]]
+
+
+def read_sentence_pairs(path: Path | None, size: int) -> list[TextExample]:
+    """The first `size` text pairs (no labels) of an MRPC TSV or a pair table; built-in pairs without a file."""
+    if path is None:
+        return [TextExample(a, b) for a, b in zip(BUILTIN_SENTENCES[0::2], BUILTIN_SENTENCES[1::2])][:size]
+    rows = read_mrpc(path) if path.suffix == ".tsv" else read_table(path, regression=True)
+    return [TextExample(e.text, e.text_pair) for e in rows[:size]]

@@ -2,6 +2,9 @@
 
 Written as `berth_task.json` beside a fine-tuned checkpoint by training, copied into the bundle
 manifest by export, and read by the service. Torch-free.
+
+A data record: it does not look its task up. Where the task's definition is needed,
+`tasks.registry.definition(spec.task)` gives it (and a KeyError naming the known tasks for an unknown one).
 """
 
 from __future__ import annotations
@@ -10,10 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field, field_validator
-
-from tasks.definition import TaskDefinition
-from tasks.registry import definition
+from pydantic import BaseModel, Field
 
 TASK_FILE = "berth_task.json"
 
@@ -35,24 +35,6 @@ class TaskSpec(BaseModel):
     dev_metrics: dict[str, float] = Field(default_factory=dict)
     extra: dict[str, Any] = Field(default_factory=dict, description="task-specific settings, e.g. embedding "
                                                                      "pooling and normalize")
-
-    @field_validator("task")
-    @classmethod
-    def _known_task(cls, task: str) -> str:
-        definition(task)  # KeyError naming the known tasks
-        return task
-
-    @property
-    def definition(self) -> TaskDefinition:
-        return definition(self.task)
-
-    @property
-    def head_class(self) -> str:
-        return self.extra.get("head_class") or self.definition.head_class  # e.g. feature-based NER's own head
-
-    @property
-    def output_names(self) -> tuple[str, ...]:
-        return self.definition.output_names
 
     def save(self, folder: str | Path) -> Path:
         path = Path(folder) / TASK_FILE

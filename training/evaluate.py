@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+
+from tokenizers import Tokenizer
 
 from tasks.bundle import MANIFEST_FILE
+from tasks.inference import ItemRunner
 from tasks.spec import TaskSpec
 
 
@@ -19,18 +21,16 @@ def evaluate_model(
     model_path: str | Path, data: str | Path, data_format: str = "auto", limit: int | None = None,
     out: str | Path | None = None, device: str = "auto",
 ) -> dict[str, float]:
-    """Metrics of a `berth finetune` folder (PyTorch) or a bundle folder (ONNX Runtime, fp32/fp16/int8)
-    on the first `limit` examples of `data`."""
-    from tasks.tokenizer import load_tokenizer
+    """Metrics of a `berth finetune` folder (PyTorch) or a bundle folder (ONNX Runtime, fp32/fp16/int8, without
+    importing torch) on the first `limit` examples of `data`."""
     from training import task_data
     from training.finetune import FinetuneSettings
 
     folder = Path(model_path)
     if (folder / MANIFEST_FILE).is_file():
-        spec, model, tokenizer = _bundle_model(folder)
+        spec, run, tokenizer = _bundle_runner(folder)
     else:
-        spec = TaskSpec.load(folder)
-        model, tokenizer = _torch_model(folder, spec, device), load_tokenizer(folder)
+        spec, run, tokenizer = _torch_runner(folder, device)
     if spec.task not in task_data.ADAPTERS:
         raise SystemExit(f"{folder}: a {spec.task} model has no dev data reader here (fill-mask: use `berth "
                          "pretrain --eval-only`)")
@@ -39,35 +39,36 @@ def evaluate_model(
                                 doc_stride=spec.doc_stride, max_query_length=spec.max_query_length)
     adapter = task_data.adapter_for(settings, tokenizer)
     examples = adapter.read(Path(data), limit=limit, seed=None)
-    metrics, _ = adapter.evaluate(model, examples, spec)
+    metrics, _ = adapter.evaluate(run, examples, spec)
     if out is not None:
         Path(out).write_text(json.dumps({"model": str(folder), "data": str(data), "examples": len(examples),
                                          "metrics": metrics}, indent=2) + "\n", encoding="utf-8")
     return metrics
 
 
-
-
-def _torch_model(folder: Path, spec: TaskSpec, device: str) -> Any:
+def _torch_runner(folder: Path, device: str) -> tuple[TaskSpec, ItemRunner, Tokenizer]:
+    """The folder's spec, its PyTorch head as the task definitions' runner, its tokenizer."""
     import torch
 
+    from tasks.registry import head_class
+    from tasks.tokenizer import load_tokenizer
     from training import model as models
     from training.checkpoint import load_pretrained
+    from training.predict import torch_item_runner
 
-    model, _ = load_pretrained(getattr(models, spec.head_class), folder)
+    spec = TaskSpec.load(folder)
+    model, _ = load_pretrained(getattr(models, head_class(spec)), folder)
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    return model.to(device)
+    return spec, torch_item_runner(model.to(device)), load_tokenizer(folder)
 
 
-def _bundle_model(folder: Path) -> tuple[TaskSpec, Any, Any]:
-    """The bundle's spec, its ONNX Runtime session behind the evaluation's module interface, its tokenizer."""
-    from export.parity import onnx_torch_module
+def _bundle_runner(folder: Path) -> tuple[TaskSpec, ItemRunner, Tokenizer]:
+    """The bundle's spec, its ONNX Runtime session (on the CPU) as the task definitions' runner, its tokenizer."""
     from tasks.bundle import load_bundle
-    from tasks.onnx_session import create_session
+    from tasks.onnx_session import create_session, onnx_item_runner
     from tasks.tokenizer import load_tokenizer
 
     bundle = load_bundle(folder, verify_hashes=True)
-    spec = bundle.spec()
     session, _ = create_session(bundle.model_path, bundle.precision, 0, prefer_gpu=False)
-    return spec, onnx_torch_module(session, spec.output_names), load_tokenizer(bundle.tokenizer_path)
+    return bundle.spec(), onnx_item_runner(session), load_tokenizer(bundle.tokenizer_path)

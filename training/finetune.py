@@ -62,10 +62,12 @@ def run_finetune(settings: FinetuneSettings) -> dict[str, float]:
     """Train, evaluate, save. Returns the dev metrics (empty without a dev file)."""
     import torch
 
+    from tasks.registry import definition, head_class
     from tasks.tokenizer import load_tokenizer
     from training import feature_based, task_data
     from training import model as models
     from training.checkpoint import load_pretrained, save_pretrained
+    from training.predict import torch_item_runner
     from training.trainer import train
 
     if settings.num_threads:
@@ -84,17 +86,18 @@ def run_finetune(settings: FinetuneSettings) -> dict[str, float]:
     if settings.feature_based:
         spec, head_fields = feature_based.head_setup(settings, spec)
         overrides.update(head_fields)
-    head = getattr(models, spec.head_class)
+    head = getattr(models, head_class(spec))
     if spec.task in ("classification", "pair", "ner"):
         overrides["id2label"] = dict(enumerate(spec.labels)) if spec.labels else None
         if spec.problem_type == "regression":
             overrides = {"num_labels": 1, "problem_type": "regression"}
-    if spec.task in ("classification", "pair"):
+    overrides.update(definition(spec.task).head_overrides(spec))
+    if head_class(spec) == "BertForSequenceClassification":
         pooling = default_pooling(base) if settings.pooling == "auto" else settings.pooling
         overrides["classifier_pooling"] = pooling
         spec = spec.model_copy(update={"pooling": pooling})
     model, report = load_pretrained(head, base, **{k: v for k, v in overrides.items() if v is not None})
-    log.info("loaded %s from %s: %s", spec.head_class, base, report)
+    log.info("loaded %s from %s: %s", head_class(spec), base, report)
 
     dataset = adapter.features(train_examples, spec)
     collate, cache_record = getattr(adapter, "collate", task_data.collate), None
@@ -112,7 +115,7 @@ def run_finetune(settings: FinetuneSettings) -> dict[str, float]:
     metrics: dict[str, float] = {}
     eval_started = time.time()
     if dev_examples:
-        metrics, extra = adapter.evaluate(model, dev_examples, spec)
+        metrics, extra = adapter.evaluate(torch_item_runner(model), dev_examples, spec)
         spec = spec.model_copy(update=extra)
         log.info("dev metrics: %s", json.dumps(metrics))
     eval_minutes = (time.time() - eval_started) / 60

@@ -377,6 +377,8 @@ class BertForSequenceClassification(BertPreTrainedModel):
         self.init_weights()
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
+        if input_ids.dim() == 3:
+            return self._forward_candidates(input_ids, attention_mask, token_type_ids, labels)
         hidden, pooled = self._encode(input_ids, attention_mask, token_type_ids)
         if self.pooling == "mean":
             pooled = mean_pool(hidden, attention_mask if attention_mask is not None else torch.ones_like(input_ids))
@@ -391,6 +393,24 @@ class BertForSequenceClassification(BertPreTrainedModel):
                 out["accuracy"] = (logits.argmax(-1) == labels).float().mean()
             else:
                 out["loss"] = F.binary_cross_entropy_with_logits(logits.float(), labels.float())
+        return out
+
+    def _forward_candidates(self, input_ids, attention_mask, token_type_ids, labels):
+        """(B, C, T): C candidates per example (reranking), each scored alone by the one-label head: logits (B, C).
+        With labels (B,), the index of each example's relevant candidate: softmax cross-entropy over the
+        candidates (listwise), or with problem_type multi_label_classification binary cross-entropy per
+        candidate (pointwise)."""
+        B, C, T = input_ids.shape
+        flat = lambda x: None if x is None else x.reshape(B * C, T)  # noqa: E731
+        logits = self.forward(flat(input_ids), flat(attention_mask), flat(token_type_ids))["logits"].view(B, C)
+        out = {"logits": logits}
+        if labels is not None:
+            if self.config.problem_type == "multi_label_classification":
+                target = F.one_hot(labels, C).float()
+                out["loss"] = F.binary_cross_entropy_with_logits(logits.float(), target)
+            else:
+                out["loss"] = F.cross_entropy(logits.float(), labels)
+            out["accuracy"] = (logits.argmax(-1) == labels).float().mean()
         return out
 
 

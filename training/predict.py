@@ -1,5 +1,5 @@
 """Run a PyTorch BERT head over model items on the one inference path (tasks/inference.py); numpy out,
-input order kept."""
+input order kept: its Runner (`torch_runner`) and ItemRunner (`torch_item_runner`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from tasks.inference import ModelItem, Runner, offline_shape, run_items
+from tasks.inference import ItemRunner, ModelItem, Rows, Runner, offline_shape, run_items
 
 
 def torch_runner(model: torch.nn.Module, output_names: Sequence[str], device: torch.device | str = "cpu") -> Runner:
@@ -42,3 +42,12 @@ def predict(
     finally:
         model.train(was_training)
     return {name: [row[name] for row in rows] for name in output_names}
+
+
+def torch_item_runner(model: torch.nn.Module) -> ItemRunner:
+    """A PyTorch head as the task definitions' runner, on the device its parameters are on."""
+    def run(items: Sequence[ModelItem], output_names: Sequence[str], per_token: bool) -> list[Rows]:
+        out = predict(model, items, output_names, per_token=per_token, device=next(model.parameters()).device)
+        return [{name: out[name][i] for name in output_names} for i in range(len(items))]
+
+    return run

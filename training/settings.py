@@ -115,7 +115,7 @@ def loop_default(name: str, default: Any) -> Any:
 
 # --- fine-tuning ---------------------------------------------------------------------------------
 
-FinetuneTask = Literal["classification", "pair", "ner", "qa", "multiple-choice"]
+FinetuneTask = Literal["classification", "pair", "ner", "qa", "multiple-choice", "rerank"]
 MAX_SEQ_LENGTH = 128  # tokens, every task but qa
 QA_MAX_SEQ_LENGTH = 384  # tokens: a question and a window of its context
 QA_DOC_STRIDE = 128  # context tokens two consecutive QA windows share
@@ -128,7 +128,8 @@ class FinetuneSettings(TrainLoopSettings):
     # -- data
     task: FinetuneTask = Field(description="classification: one text -> label; pair: two texts -> label or score; "
                                "ner: a tag per word; qa: SQuAD answer span; multiple-choice: the right choice for a "
-                               "context (SWAG CSV or {context, choices, label} JSON lines)")
+                               "context (SWAG CSV or {context, choices, label} JSON lines); rerank: a query's "
+                               "relevance to a document (SQuAD JSON: a question, its paragraph and hard negatives)")
     train_file: Path = Field(description="training data file")
     dev_file: Path | None = Field(None, description="dev data file: evaluated after training")
     out: Path = Field(description="output folder: the fine-tuned model folder (Hugging Face checkpoint + "
@@ -146,7 +147,7 @@ class FinetuneSettings(TrainLoopSettings):
     base: str = Field("default", description="base model folder: a Hugging Face BERT folder, a `berth pretrain` "
                       "output, or 'default' (the embedded all-MiniLM-L6-v2, L6/H384)")
     pooling: Literal["auto", "cls", "mean"] = Field(
-        "auto", description="classification/pair: cls (the tanh pooler over [CLS], BERT's recipe) or mean (average "
+        "auto", description="classification/pair/rerank: cls (the tanh pooler over [CLS], BERT's recipe) or mean (average "
         "of the token states); auto: mean for a sentence-transformers base trained with it (the default "
         "all-MiniLM-L6-v2), else cls")
     max_seq_length: int | None = Field(None, gt=0, description=f"tokens per sequence (default: {QA_MAX_SEQ_LENGTH} "
@@ -167,6 +168,11 @@ class FinetuneSettings(TrainLoopSettings):
     lstm_hidden_size: int = Field(256, gt=0, description="feature-based: BiLSTM units per direction")
     lstm_layers: int = Field(1, gt=0, description="feature-based: stacked BiLSTM layers (the paper used 2 "
                              "of 768 per direction)")
+    negatives: int = Field(3, gt=0, description="rerank: hard negatives per question, other paragraphs of its "
+                           "article that do not contain its answer")
+    ranking_loss: Literal["listwise", "pointwise"] = Field(
+        "listwise", description="rerank: listwise (softmax cross-entropy over the positive and its negatives) or "
+        "pointwise (binary cross-entropy per question-document pair)")
     # -- the loop's defaults for fine-tuning
     epochs: float | None = loop_default("epochs", 3.0)
     warmup_ratio: float = loop_default("warmup_ratio", 0.1)

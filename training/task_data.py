@@ -4,26 +4,31 @@ One adapter per task family. Each reads examples, fixes the TaskSpec (labels and
 with the model) and turns examples into training features with the same code the service uses.
 Scoring a model on dev examples is the task definition's: the served prepare -> run -> decode steps,
 then the official metric on the decoded results (so the dev metrics a bundle records are the served model's).
+Reading and evaluating import no torch (`berth evaluate` of a bundle runs without it); collating does.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from tokenizers import Tokenizer
 
-from tasks import classification, multiple_choice, ner, qa, readers
+from tasks import classification, common, multiple_choice, ner, qa, readers, rerank
 from tasks.batching import pad_batch
-from tasks.definition import ItemOutputs, ItemRunner
+from tasks.inference import ItemRunner
 from tasks.registry import definition
 from tasks.spec import TaskSpec
-from training.predict import predict
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger("berth.task_data")
 
 
 @dataclass
@@ -40,6 +45,8 @@ class Feature:
 
 def collate(features: Sequence[Feature]) -> dict[str, torch.Tensor]:
     """Pad to the longest feature; per-token targets are padded with -100 (ignored by the loss)."""
+    import torch
+
     batch = {k: torch.from_numpy(v) for k, v in pad_batch(features).items()}
     width = batch["input_ids"].shape[1]
     for name, first in features[0].targets.items():
@@ -62,24 +69,17 @@ def _subsample(items: list, limit: int | None, seed: int | None) -> list:
     return [items[i] for i in picked]
 
 
-def torch_item_runner(model: torch.nn.Module) -> ItemRunner:
-    """A PyTorch head as the task definitions' runner: items in, one dict of output rows per item out."""
-    def run(items: Sequence[Any], output_names: Sequence[str], per_token: bool) -> list[ItemOutputs]:
-        out = predict(model, items, output_names, per_token=per_token, device=_device(model))
-        return [{name: out[name][i] for name in output_names} for i in range(len(items))]
-
-    return run
-
-
 class TaskAdapter:
     """What every adapter shares: evaluation runs the task definition's served steps on the model."""
 
     tokenizer: Tokenizer
 
-    def evaluate(self, model: torch.nn.Module, examples: Sequence[Any], spec: TaskSpec) -> tuple[dict[str, float], dict]:
-        """Dev metrics of `model` (and spec updates, e.g. the QA v2 threshold), measured on what the service
-        would answer: the task definition's prepare -> run -> decode, then its metric against gold."""
-        return spec.definition.evaluate(self.tokenizer, spec, examples, torch_item_runner(model))
+    def evaluate(self, run: ItemRunner, examples: Sequence[Any], spec: TaskSpec) -> tuple[dict[str, float], dict]:
+        """Dev metrics of the model `run` runs (training/predict.torch_item_runner of a PyTorch head,
+        tasks/onnx_session.onnx_item_runner of a bundle's session) and spec updates (e.g. the QA v2 threshold),
+        measured on what the service would answer: the task definition's prepare -> run -> decode, then its
+        metric against gold."""
+        return definition(spec.task).evaluate(self.tokenizer, spec, examples, run)
 
 
 def _sniff_format(path: Path, requested: str, task: str) -> str:
@@ -125,16 +125,16 @@ class ClassificationAdapter(TaskAdapter):
         if self.regression:
             return TaskSpec(task=s.task, labels=[], problem_type="regression",
                             max_seq_length=s.effective_max_seq_length())
-        labels = s.labels or list(classification.LabelSet.from_data(e.label for e in train))
+        labels = s.labels or list(common.LabelSet.from_data(e.label for e in train))
         return TaskSpec(task=s.task, labels=labels, problem_type="single_label_classification",
                         max_seq_length=s.effective_max_seq_length())
 
     def _encode(self, example, spec: TaskSpec):
-        return classification.encode_classification(self.tokenizer, example.text, example.text_pair,
+        return common.encode_classification(self.tokenizer, example.text, example.text_pair,
                                                     max_length=spec.max_seq_length)
 
     def features(self, examples, spec: TaskSpec) -> list[Feature]:
-        label_set = None if self.regression else classification.LabelSet(spec.labels)
+        label_set = None if self.regression else common.LabelSet(spec.labels)
         out = []
         for ex in examples:
             enc = self._encode(ex, spec)
@@ -159,7 +159,7 @@ class NERAdapter(TaskAdapter):
                         doc_stride=s.effective_doc_stride())
 
     def features(self, examples, spec: TaskSpec) -> list[Feature]:
-        label_set = classification.LabelSet(spec.labels)
+        label_set = common.LabelSet(spec.labels)
         out = []
         for ex in examples:
             words = ner.encode_words(self.tokenizer, ex.tokens, max_length=spec.max_seq_length)
@@ -231,9 +231,46 @@ class MultipleChoiceAdapter(TaskAdapter):
     @staticmethod
     def collate(features: Sequence[ChoiceFeature]) -> dict[str, torch.Tensor]:
         flat = [choice for f in features for choice in f.choices]
+        import torch
+
         batch = {k: torch.from_numpy(v).view(len(features), -1, v.shape[1]) for k, v in pad_batch(flat).items()}
         batch["labels"] = torch.tensor([f.targets["labels"] for f in features], dtype=torch.long)
         return batch
+
+class RerankAdapter(TaskAdapter):
+    """SQuAD-format questions. Training: each question's paragraph against `negatives` other paragraphs of its
+    article without its answer, as one (1 + negatives, T) group. Dev: every paragraph of the article ranked."""
+
+    collate = staticmethod(MultipleChoiceAdapter.collate)
+
+    def __init__(self, settings, tokenizer: Tokenizer):
+        self.settings = settings
+        self.tokenizer = tokenizer
+
+    def read(self, path: Path, limit: int | None, seed: int | None) -> list[rerank.RerankExample]:
+        return _subsample(rerank.read_article_questions(path), limit, seed)
+
+    def spec(self, train: list[rerank.RerankExample]) -> TaskSpec:
+        s = self.settings
+        pointwise = s.ranking_loss == "pointwise"
+        return TaskSpec(task="rerank", max_seq_length=s.effective_max_seq_length(), doc_stride=s.effective_doc_stride(),
+                        problem_type=classification.MULTI_LABEL if pointwise else None,
+                        extra={"ranking_loss": s.ranking_loss, "negatives": s.negatives})
+
+    def features(self, examples, spec: TaskSpec) -> list[ChoiceFeature]:
+        rng, k = random.Random(self.settings.seed), self.settings.negatives
+        usable = [ex for ex in examples if len(ex.negatives) >= k]
+        if len(usable) < len(examples):
+            log.info("rerank: %d of %d questions have fewer than %d negatives in their article; left out",
+                     len(examples) - len(usable), len(examples), k)
+        out = []
+        for ex in usable:
+            documents = [ex.documents[ex.relevant[0]]] + [ex.documents[i] for i in rng.sample(ex.negatives, k)]
+            encoded = common.encode_classification_many(self.tokenizer, [ex.query] * len(documents), documents,
+                                                        max_length=spec.max_seq_length)
+            out.append(ChoiceFeature(encoded, {"labels": 0}))  # the relevant one first
+        return out
+
 
 @dataclass
 class ChoiceFeature:
@@ -246,12 +283,8 @@ class ChoiceFeature:
         return max(len(c) for c in self.choices) * len(self.choices)
 
 
-def _device(model: torch.nn.Module) -> torch.device:
-    return next(model.parameters()).device
-
-
 ADAPTERS = {"classification": ClassificationAdapter, "pair": ClassificationAdapter, "ner": NERAdapter,
-            "qa": QAAdapter, "multiple-choice": MultipleChoiceAdapter}
+            "qa": QAAdapter, "multiple-choice": MultipleChoiceAdapter, "rerank": RerankAdapter}
 
 
 def adapter_for(settings, tokenizer: Tokenizer):

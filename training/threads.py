@@ -13,8 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-# The one count of usable cores (affinity mask, cgroup quota), shared with the service; torch-free.
-from service.cpu import CGROUP_ROOT, usable_cpus
+from tasks.cpu import CGROUP_ROOT, usable_cpus
 
 
 def idle_cores(cores: int) -> int:

@@ -24,7 +24,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "build-defaults", help="fine-tune and export the default bundles (what `make run` serves)",
         description="Fine-tune the embedded base model for classification (topics), sentence pairs "
-                    "(similarity), NER (entities) and SQuAD QA (squad) on the shipped samples in data/samples, "
+                    "(similarity), NER (entities), SQuAD QA (squad) and passage reranking (rerank) on the shipped "
+                    "samples in data/samples, "
                     "each within a few minutes, export an ONNX bundle of each into --out, and export the base "
                     "itself as the `embeddings` bundle. Existing bundles are kept unless --force.")
     add_settings_flags(p, BuildDefaultsSettings, rest_title="settings",

@@ -44,7 +44,7 @@ GROUPS = {
     "data": ["task", "train_file", "dev_file", "out", "data_format", "text_column", "text_pair_column",
              "label_column", "labels", "regression", "max_train_examples", "max_eval_examples"],
     "model": ["base", "pooling", "max_seq_length", "doc_stride", "max_query_length", "version_2_with_negative",
-              "label_all_tokens", "feature_based", "lstm_hidden_size", "lstm_layers"],
+              "label_all_tokens", "feature_based", "lstm_hidden_size", "lstm_layers", "negatives", "ranking_loss"],
     "training": ["epochs", "max_steps", "max_minutes", "fit_schedule_to_budget", "learning_rate", "batch_size",
                  "grad_accum_steps", "warmup_ratio", "warmup_steps", "weight_decay", "seed", "group_by_length",
                  "num_threads", "device"],
@@ -80,7 +80,7 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "finetune", help="fine-tune a BERT model folder into a task head",
         description="Fine-tune a BERT model folder (the embedded default, a Hugging Face folder or a berth "
-                    "pretrained folder) for classification, sentence pairs, NER, SQuAD QA or multiple choice, "
+                    "pretrained folder) for classification, sentence pairs, NER, SQuAD QA, multiple choice or reranking, "
                     "evaluate it on the dev file, and save a Hugging Face-compatible folder with berth_task.json.",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_settings_flags(p, FinetuneSettings, groups=GROUPS, names=FLAG_NAMES, options=OPTIONS,

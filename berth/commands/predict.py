@@ -14,7 +14,7 @@ from pathlib import Path
 
 # request options of the routes, by flag: given ones go to the task's options (an option the task lacks is an error)
 TASK_OPTIONS = ("top_k", "aggregation", "truncate", "normalize", "max_answer_length", "handle_impossible", "output",
-                "layers")
+                "layers", "top_n", "return_documents", "max_tokens_per_doc")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -29,7 +29,8 @@ def run(args: argparse.Namespace) -> int:
 
     options = {name: getattr(args, name) for name in TASK_OPTIONS if getattr(args, name) is not None}
     columns = Columns(text=args.text_column, pair=args.pair_column, question=args.question_column,
-                      context=args.context_column, choices=args.choices_column, id=args.id_column)
+                      context=args.context_column, choices=args.choices_column, query=args.query_column,
+                      documents=args.documents_column, id=args.id_column)
     job = Job(bundle=args.bundle, input=args.input, output=args.out, options=options, columns=columns,
               input_format=args.input_format, output_format=args.format, window=args.window, threads=args.threads,
               max_batch_size=args.max_batch_size, pass_tokens=args.pass_tokens, restart=args.restart,
@@ -79,6 +80,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                                                                    "(default: context)")
     files.add_argument("--choices-column", default="choices", help="multiple-choice: a list of texts (in CSV/TSV a "
                                                                    "JSON list) (default: choices)")
+    files.add_argument("--query-column", default="query", help="rerank: the query (default: query)")
+    files.add_argument("--documents-column", default="documents", help="rerank: a list of texts to rank (in CSV/TSV "
+                                                                       "a JSON list) (default: documents)")
     files.add_argument("--id-column", default="id", help="copied to the output's id column; when the file has no "
                                                          "such column, the row number is the id (default: id)")
     task = p.add_argument_group("task options (as the HTTP route's; default: the route's)")
@@ -91,6 +95,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                       help="embedding: L2-normalize sentence vectors (default: as the model)")
     task.add_argument("--output", choices=["sentence", "tokens"], help="embedding: one vector per text or per token")
     task.add_argument("--layers", type=layers, help="embedding with --output tokens: comma-separated hidden layers")
+    task.add_argument("--top-n", type=positive, help="rerank: the n most relevant documents per query")
+    task.add_argument("--return-documents", action=argparse.BooleanOptionalAction, default=None,
+                      help="rerank: each result carries its document's text")
+    task.add_argument("--max-tokens-per-doc", type=positive, help="rerank: cut every document to this many "
+                                                                  "tokens first (flagged truncated)")
     task.add_argument("--max-answer-length", type=positive, help="qa: longest answer, in tokens")
     task.add_argument("--handle-impossible", action=argparse.BooleanOptionalAction, default=None,
                       help="qa: allow the empty answer (default: as the model was trained)")

@@ -153,6 +153,20 @@ function renderChoices(result, values) {
   return ranked.map((r) => bar(r.text, r.score, pct(r.score)));
 }
 
+// /v1/rerank: the whole ranking (Cohere's shape: the results are the documents, most relevant first), each
+// document with its relevance score as a bar.
+function renderRanking(result, values, model, data) {
+  const documents = lines(values.documents);
+  const ranked = data.results || [];
+  const out = [el("p", {}, "Most relevant to: ", el("q", {}, values.query))];
+  for (const r of ranked) {
+    const text = r.document ? r.document.text : documents[r.index];
+    out.push(bar(`${r.index + 1}. ${text}`, r.relevance_score, fmt(r.relevance_score)));
+  }
+  if (ranked.some((r) => r.truncated)) out.push(el("p", { class: "hint" }, "A document was cut to max_tokens_per_doc."));
+  return out;
+}
+
 const field = (name, label, rows = 3) => ({ name, label, rows });
 const topAll = (model) => (model.labels && model.labels.length ? { top_k: model.labels.length } : {});
 const FORMS = {
@@ -178,6 +192,10 @@ const FORMS = {
     fields: [field("context", "Context", 3), field("choices", "Choices, one per line", 4)],
     render: renderChoices, body: (v) => ({ inputs: { context: v.context, choices: lines(v.choices) } }),
     fill: (ex) => ({ context: ex.context, choices: (ex.choices || []).join("\n") }) },
+  rerank: { route: "/v1/rerank",
+    fields: [field("query", "Query", 1), field("documents", "Documents, one per line", 6)],
+    render: renderRanking, body: (v) => ({ query: v.query, documents: lines(v.documents), return_documents: true }),
+    fill: (ex) => ({ query: ex.query, documents: (ex.documents || []).join("\n") }) },
 };
 
 function showError(res) {

@@ -22,7 +22,8 @@ from export import parity  # noqa: E402
 from export.bundle_builder import export_bundle  # noqa: E402
 from export.onnx_export import graph_io, load_finetuned  # noqa: E402
 from tasks.bundle import BundleError, file_sha256, load_bundle  # noqa: E402
-from tasks.onnx_session import create_session  # noqa: E402
+from tasks.onnx_session import create_session, onnx_runner  # noqa: E402
+from tasks.registry import head_class  # noqa: E402
 from tasks.spec import TaskSpec  # noqa: E402
 from training.checkpoint import load_pretrained, save_pretrained  # noqa: E402
 from training.model import MODEL_CLASSES  # noqa: E402
@@ -56,7 +57,7 @@ def finetuned(tmp_path_factory, base_path) -> dict[str, Path]:
     for seed, (task, spec) in enumerate(SPECS.items()):
         torch.manual_seed(seed)
         overrides = {"id2label": dict(enumerate(spec.labels))} if spec.labels else {}
-        model, _ = load_pretrained(MODEL_CLASSES[spec.head_class], base_path, **overrides)
+        model, _ = load_pretrained(MODEL_CLASSES[head_class(spec)], base_path, **overrides)
         folder = save_pretrained(model, root / task, tokenizer_from=base_path)
         spec.save(folder)
         folders[task] = folder
@@ -195,7 +196,7 @@ def test_gate_catches_a_model_that_is_not_the_one_exported(finetuned, repository
     session, provider = create_session(bundle.model_path, "fp32", intra_op_threads=2)
     with pytest.raises(parity.ParityError, match=r"parity FAILED for fp32 .* max_abs_diff <= 0\.0001"):
         parity.check_parity(bundle.spec(), examples, torch_runner(other, ["logits"]),
-                            parity.onnx_runner(session, ["logits"]), "fp32", provider)
+                            onnx_runner(session, ["logits"]), "fp32", provider)
 
 
 def test_tampered_or_truncated_model_is_refused_naming_the_file(repository, tmp_path):

@@ -19,12 +19,12 @@ onnx = pytest.importorskip("onnx")
 from export import calibration, parity, precision  # noqa: E402
 from export.onnx_export import export_onnx, load_finetuned  # noqa: E402
 from tasks import readers  # noqa: E402
-from tasks.classification import encode_classification  # noqa: E402
-from tasks.onnx_session import create_session  # noqa: E402
+from tasks.common import encode_classification  # noqa: E402
+from tasks.onnx_session import create_session, onnx_item_runner  # noqa: E402
 from tasks.spec import TaskSpec  # noqa: E402
 from training.checkpoint import load_pretrained, save_pretrained  # noqa: E402
 from training.model import BertForSequenceClassification  # noqa: E402
-from training.predict import torch_runner  # noqa: E402
+from training.predict import torch_item_runner, torch_runner  # noqa: E402
 
 SST2 = (parity.default_data_dir() or Path("/nonexistent")) / "sst2"
 pytestmark = pytest.mark.skipif(not (SST2 / "dev.tsv").is_file(), reason="needs ../shared/data/sst2")
@@ -93,14 +93,15 @@ def test_metric_gate_scores_gold_answers_and_passes_only_within_half_a_point(mod
     model, plain = models[0]
     other, _ = models[1]
     session, _ = create_session(plain, "fp32", 2)
-    same = parity.metric_gate(SPEC, tokenizer, SST2 / "dev.tsv", model,
-                              parity.onnx_torch_module(session, ["logits"]), DEV_EXAMPLES)
+    same = parity.metric_gate(SPEC, tokenizer, SST2 / "dev.tsv", torch_item_runner(model), onnx_item_runner(session),
+                              DEV_EXAMPLES)
     expected = _gold_accuracy(model, tokenizer)
     assert same["name"] == "accuracy" and same["examples"] == DEV_EXAMPLES
     assert same["reference"] == pytest.approx(expected, abs=1e-3)
     assert same["candidate"] == pytest.approx(expected, abs=1e-3) and same["passed"]
     # Another head answers differently: its metric is its own, and the gate compares the two.
-    changed = parity.metric_gate(SPEC, tokenizer, SST2 / "dev.tsv", model, other, DEV_EXAMPLES)
+    changed = parity.metric_gate(SPEC, tokenizer, SST2 / "dev.tsv", torch_item_runner(model), torch_item_runner(other),
+                                 DEV_EXAMPLES)
     other_accuracy = _gold_accuracy(other, tokenizer)
     assert changed["candidate"] == pytest.approx(other_accuracy, abs=1e-3)
     assert changed["passed"] == (other_accuracy >= expected - 0.5)

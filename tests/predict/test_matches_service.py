@@ -204,3 +204,32 @@ def test_an_option_the_task_does_not_take_is_refused(bundle_repository, tmp_path
     code, _, stderr = run_predict(str(bundle_repository / "sentiment"), str(source), "--out",
                                   str(tmp_path / "o.jsonl"), *flag, check=False)
     assert code == 2 and "the classification task takes no --" in stderr, stderr
+
+
+def test_rerank_matches_rerank(http, bundle_repository, tmp_path):
+    """SQuAD dev questions, each with the excerpts of its article (CSV: the documents a JSON list in a cell)."""
+    import json
+
+    from tests.conftest import REPO
+
+    examples = read_squad(REPO / "data" / "samples" / "squad" / "dev.json")[:40]
+    contexts = list(dict.fromkeys(e.context for e in examples))
+    rows = [{"id": e.id, "query": e.question, "documents": json.dumps(contexts[:6] + [e.context])} for e in examples]
+    source = tmp_path / "queries.csv"
+    with open(source, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=["id", "query", "documents"])
+        writer.writeheader()
+        writer.writerows(rows)
+    out = tmp_path / "ranked.parquet"
+    run_predict(str(bundle_repository / "ranker"), str(source), "--out", str(out), "--top-n", "3",
+                "--return-documents")
+    got = read_output(out)
+    assert [r["id"] for r in got] == [e.id for e in examples]
+    for i, (row, source_row) in enumerate(zip(got, rows)):
+        documents = json.loads(source_row["documents"])
+        response = http.post("/v1/rerank", json={"model": "ranker", "query": source_row["query"],
+                                                 "documents": documents, "top_n": 3, "return_documents": True})
+        assert response.status_code == 200, response.text
+        expected = [{k: r[k] for k in ("index", "relevance_score", "truncated", "document")}
+                    for r in response.json()["results"]]
+        assert_same(row["results"], expected, f"row {i}")

@@ -78,19 +78,19 @@ class ServerProcess:
 @pytest.fixture(scope="session")
 def bundle_repository(tmp_path_factory) -> Path:
     """A model repository of fp32 bundles: sentiment (classification), similarity (pair regression),
-    entities (NER), reader (QA), embeddings (the base as it is), masker (fill-mask) and chooser
-    (multiple choice), exported with the export package."""
+    entities (NER), reader (QA), embeddings (the base as it is), masker (fill-mask), chooser
+    (multiple choice) and ranker (rerank), exported with the export package."""
     import torch
 
     from export.bundle_builder import export_bundle
-    from tests.service.models_for_tests import EXPORT_TASKS, build_checkpoints
+    from tests.service.models_for_tests import BUNDLE_NAMES, EXPORT_TASKS, build_checkpoints
     from training.checkpoint import default_base_path
 
     torch.set_num_threads(2)
     reuse = os.environ.get("BERTH_TEST_REPOSITORY")  # while iterating: build once into this folder, reuse after
     root = Path(reuse) if reuse else tmp_path_factory.mktemp("service-models")
     repository = root / "repository"
-    if reuse and (repository / "embeddings" / "bundle.json").is_file():
+    if reuse and all((repository / name / "bundle.json").is_file() for name in BUNDLE_NAMES):
         return repository
     checkpoints = build_checkpoints(root / "checkpoints")
     checkpoints["embeddings"] = default_base_path()  # served as it is: the sentence-transformers model

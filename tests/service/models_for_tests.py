@@ -1,10 +1,11 @@
 """Fine-tuned folders for the service tests, made from the real all-MiniLM-L6-v2 checkpoint in seconds.
 
 The encoder is the real pretrained one; only the heads are new. Classification and pair heads are
-seeded random. The NER and QA heads are fitted in closed loops of a few hundred steps on frozen
+seeded random. The NER, QA and rerank heads are fitted in closed loops of a few hundred steps on frozen
 encoder states of a handful of synthetic sentences (city names are locations; the year is the answer
-to "when"), so the long-text tests have something real to find: a city at the very end of a long
-text, a year near the end of a 5,000-word context.
+to "when"; a document naming the city a query asks about is relevant to it), so the long-text tests
+have something real to find: a city at the very end of a long text, a year near the end of a
+5,000-word context, the one relevant sentence at the end of a long document.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import torch
 from tokenizers import Tokenizer
 from torch import nn
 
-from tasks import qa
+from tasks import qa, rerank
 from tasks.spec import TaskSpec
-from tasks.tokenizer import encode, load_tokenizer
+from tasks.tokenizer import CLS, SEP, encode, load_tokenizer
 from training.checkpoint import default_base_path, load_pretrained, save_pretrained
 from training.model import (
     BertForMaskedLM,
@@ -39,6 +40,8 @@ WORDS = ("the a river house garden morning light quiet people walked slowly alon
          "field song long letter friend table kitchen coffee rain cold winter summer bright mountain path "
          "forest stone bridge tower bell clock door street corner shop music teacher student book paper").split()
 NER_LABELS = ["O", "B-LOC", "I-LOC"]
+RANK_QUERIES = ["What is it like in {}?", "Tell me about {}.", "Which stories mention {}?"]
+RANKER_SPEC = TaskSpec(task="rerank", max_seq_length=64, doc_stride=16, pooling="mean")
 
 
 def filler(words: int, seed: int) -> str:
@@ -82,6 +85,54 @@ def _hidden(model, encoded_items) -> tuple[torch.Tensor, torch.Tensor]:
     feeds = {k: torch.from_numpy(v) for k, v in pad_batch(encoded_items).items()}
     out = model.bert(feeds["input_ids"], feeds["attention_mask"], feeds["token_type_ids"])
     return out["last_hidden_state"], feeds["attention_mask"].bool()
+
+
+def _fit_logit(features: torch.Tensor, targets: torch.Tensor, layer: nn.Linear, steps: int = 300) -> None:
+    """Fit a one-output `layer` on frozen features: binary cross-entropy of its logit against 0/1 targets."""
+    torch.manual_seed(0)
+    fitted = nn.Linear(layer.in_features, 1)
+    optimizer = torch.optim.Adam(fitted.parameters(), lr=1e-2)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = nn.functional.binary_cross_entropy_with_logits(fitted(features)[:, 0], targets)
+        loss.backward()
+        optimizer.step()
+    with torch.no_grad():
+        layer.weight.copy_(fitted.weight)
+        layer.bias.copy_(fitted.bias)
+
+
+def _rerank_windows(tokenizer: Tokenizer) -> tuple[list, list[float]]:
+    """Model items made as the service makes them (`tasks.rerank.document_windows`) and their relevance: a query
+    asks about a city (RANK_QUERIES); a window naming that city is relevant (1.0), one naming another city or
+    none is not (0.0). The documents are single sentences, and plain sentences ending with one that names a
+    city or not, long enough to make several windows: the windows of a long document, the city in one or none."""
+    cls_id, sep_id = tokenizer.token_to_id(CLS), tokenizer.token_to_id(SEP)
+
+    def ids(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False).ids
+
+    rng = random.Random(2)
+    items, labels = [], []
+    for i, city in enumerate(CITIES):
+        others = [c for c in CITIES if c != city]
+        city_ids = ids(city)
+        for q, query in enumerate(template.format(city) for template in RANK_QUERIES):
+            seed = 300 + 10 * i + q
+            documents = [CITY_TEMPLATES[(i + q + 3 * k) % len(CITY_TEMPLATES)].format(city) for k in range(2)]
+            documents += [rng.choice(CITY_TEMPLATES).format(rng.choice(others)) for _ in range(2)]
+            documents += [f"{filler(rng.randint(8, 100), seed + 1000 * k)} {rng.choice(CITY_TEMPLATES).format(named)}"
+                          for k, named in enumerate((city, rng.choice(others)))]
+            documents.append(filler(rng.randint(8, 100), seed + 5000))
+            query_ids = ids(query)
+            for document in documents:
+                for window in rerank.document_windows(query_ids, ids(document), 0, cls_id, sep_id,
+                                                      RANKER_SPEC.max_seq_length, RANKER_SPEC.doc_stride):
+                    text = window.input_ids[len(query_ids) + 2 : -1].tolist()  # the document's tokens
+                    names = any(text[at : at + len(city_ids)] == city_ids for at in range(len(text)))
+                    items.append(window)
+                    labels.append(float(names))
+    return items, labels
 
 
 def _ner_examples(tokenizer: Tokenizer) -> tuple[list, list[list[int]]]:
@@ -168,11 +219,26 @@ def build_checkpoints(root: Path) -> dict[str, Path]:
     model, _ = load_pretrained(BertForMultipleChoice, base)
     nn.init.normal_(model.classifier.weight, std=0.5)
     folders["chooser"] = _save(model, root / "chooser", TaskSpec(task="multiple-choice", max_seq_length=64))
+
+    folders["ranker"] = _ranker(tokenizer, root / "ranker")
     return folders
+
+
+def _ranker(tokenizer: Tokenizer, folder: Path) -> Path:
+    """The cross-encoder: [CLS] query [SEP] document [SEP], mean-pooled, one relevance logit."""
+    model, _ = load_pretrained(BertForSequenceClassification, default_base_path(), num_labels=1,
+                               classifier_pooling="mean")
+    items, relevance = _rerank_windows(tokenizer)
+    hidden, mask = _hidden(model, items)
+    pooled = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
+    _fit_logit(pooled, torch.tensor(relevance), model.classifier)
+    return _save(model, folder, RANKER_SPEC)
 
 
 # Bundles exported from folders without berth_task.json: the task to name (and the embedded base itself).
 EXPORT_TASKS = {"masker": "fill-mask", "embeddings": "embedding"}
+# Every bundle of the test repository: a reused repository (BERTH_TEST_REPOSITORY) missing one is rebuilt.
+BUNDLE_NAMES = ("sentiment", "similarity", "entities", "reader", "masker", "chooser", "ranker", "embeddings")
 
 
 def _save(model, folder: Path, spec: TaskSpec) -> Path:

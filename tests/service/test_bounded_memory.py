@@ -19,7 +19,8 @@ from tests.service.conftest import REPO, ServerProcess
 GROWTH_LIMIT_BYTES = 200 * 2**20
 # The service's defaults for what a request may hold (the test fixture's BASE_ENV keeps them small).
 DEFAULT_LIMITS = {"BERTH_MAX_INPUTS_PER_REQUEST": "256", "BERTH_LENGTH_BUCKETS": "16,32,64,128,256,384,512",
-                  "BERTH_MAX_BATCH_TOKENS": "8192", "BERTH_MAX_BATCH_SIZE": "32"}
+                  "BERTH_MAX_BATCH_TOKENS": "8192", "BERTH_MAX_BATCH_SIZE": "32",
+                  "BERTH_REQUEST_TIMEOUT_S": "300"}  # memory is measured, not speed: a busy machine must not 504
 
 
 def rss_bytes(pid: int) -> int:

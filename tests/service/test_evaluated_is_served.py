@@ -7,7 +7,10 @@ from __future__ import annotations
 import json
 import re
 import string
+import subprocess
+import sys
 from collections import Counter
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -110,6 +113,17 @@ def test_ner_entity_f1_of_evaluate_equals_the_live_service(client, bundle_reposi
     evaluated = evaluate_model(bundle_repository / "entities", shared_data / "conll2003/iob2/valid.txt",
                                limit=NER_SENTENCES)
     assert (evaluated["precision"], evaluated["recall"], evaluated["f1"]) == pytest.approx(served[:3], abs=1e-9)
+
+
+def test_evaluate_of_a_bundle_imports_no_torch(bundle_repository):
+    """`berth evaluate` of a bundle runs on ONNX Runtime through the task layer's runner: torch is never imported."""
+    samples = Path(__file__).resolve().parents[2] / "data/samples/entities/dev.conll"
+    code = ("import sys; from berth.cli import main; "
+            f"assert main(['evaluate', {str(bundle_repository / 'entities')!r}, {str(samples)!r}, "
+            "'--max-eval-examples', '8']) == 0; "
+            "assert 'torch' not in sys.modules, 'berth evaluate of a bundle imported torch'")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
 
 
 def test_qa_f1_of_evaluate_equals_the_live_service(client, bundle_repository, shared_data, squad_dev):

@@ -20,7 +20,7 @@ VIA_FASTAPI = {"Content-Type": "application/merge-patch+json"}
 
 def test_every_inference_route_takes_the_fast_path():
     posts = {r.path for r in v1.routes if isinstance(r, APIRoute) and "POST" in r.methods}
-    assert set(FastPath(None, v1).routes) == posts and len(posts) == 9
+    assert set(FastPath(None, v1).routes) == posts and len(posts) == 10
 
 
 CASES = [

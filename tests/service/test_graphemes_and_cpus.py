@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from service.cpu import ComputeSlots, cgroup_cpu_limit, usable_cpus
+from service.cpu import ComputeSlots
+from tasks.cpu import cgroup_cpu_limit, usable_cpus
 from tasks.graphemes import extend_end
 
 WOMAN_TECHNOLOGIST = "\U0001F469\u200d\U0001F4BB"  # 👩‍💻: woman, ZWJ, laptop

@@ -36,6 +36,10 @@ QA_EXAMPLE = {"question": "When was the museum founded?",
                          "the water in the evening."}
 SIMILAR = ["A man is playing a guitar.", "Someone plays an instrument.", "A chef is cooking pasta."]
 CHOICE_EXAMPLE = {"context": "She opened the umbrella because", "choices": ["it started to rain.", "the soup was cold."]}
+# the test ranker takes a document naming the city a query asks about as relevant
+RERANK_EXAMPLE = {"query": "Tell me about Lisbon.", "documents": ["We flew to Tokyo last week.",
+                                                                  "The museum in Lisbon was closed.",
+                                                                  "Prices in Oslo keep rising."]}
 EXAMPLES = {
     "sentiment": ["A charming and often affecting journey.", "Unflinchingly bleak and desperate."],
     "similarity": [{"text": "A dog runs on the beach.", "text_pair": "A dog is running along the shore."}],
@@ -45,6 +49,7 @@ EXAMPLES = {
     "embeddings": SIMILAR,
     "masker": ["Paris is the [MASK] of France."],
     "chooser": [CHOICE_EXAMPLE],
+    "ranker": [RERANK_EXAMPLE],
 }
 
 pytestmark = pytest.mark.skipif(not (CHROMEDRIVER and CHROMIUM),
@@ -264,6 +269,27 @@ def test_multiple_choice_ranks_the_choices(open_server, browser):
     ranked = api(open_server, "/v1/choice", {"inputs": CHOICE_EXAMPLE, "model": "chooser"})
     assert bars(browser) == [(r["choice"], f"{100 * r['score']:.1f}%") for r in ranked]
     screenshot(browser, "multiple-choice")
+    assert console_errors(browser) == []
+
+
+def test_rerank_shows_the_ranking_with_scores_as_bars(open_server, browser):
+    served(open_server, "ranker")
+    open_page(browser, open_server.url)
+    choose(browser, "ranker (rerank)")
+    assert browser.find_element(By.ID, "field-documents").get_attribute("value") == "\n".join(RERANK_EXAMPLE["documents"])
+    run_and_wait(browser)
+    response = httpx.post(open_server.url + "/v1/rerank", json={**RERANK_EXAMPLE, "model": "ranker"}, timeout=60)
+    assert response.status_code == 200, response.text
+    ranked = response.json()["results"]
+    documents = RERANK_EXAMPLE["documents"]
+    assert bars(browser) == [(f"{r['index'] + 1}. {documents[r['index']]}", f"{r['relevance_score']:.3f}")
+                             for r in ranked]
+    assert ranked[0]["index"] == 1  # the Lisbon document
+    rows = browser.find_elements(By.CSS_SELECTOR, "#result .bar-row")
+    widths = [float(r.find_element(By.CLASS_NAME, "fill").value_of_css_property("width").removesuffix("px"))
+              for r in rows]
+    assert widths == sorted(widths, reverse=True) and widths[0] > widths[-1]
+    screenshot(browser, "rerank")
     assert console_errors(browser) == []
 
 

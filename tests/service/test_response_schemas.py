@@ -14,7 +14,7 @@ from service.schemas import NERResponse
 
 def test_every_inference_route_declares_its_response_model():
     posts = [r for r in v1.routes if isinstance(r, APIRoute) and "POST" in r.methods]
-    assert len(posts) == 9
+    assert len(posts) == 10
     assert all(r.response_model is not None for r in posts), [r.path for r in posts if r.response_model is None]
 
 

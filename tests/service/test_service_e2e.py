@@ -174,9 +174,10 @@ def test_200_concurrent_mixed_requests_each_get_their_own_results(server, checkp
 def test_models_listing_probes_and_docs(client):
     listing = client.get("/v1/models").json()
     by_name = {m["name"]: m for m in listing["models"]}
-    assert set(by_name) == {"sentiment", "similarity", "entities", "reader", "embeddings", "masker", "chooser"}
-    assert {by_name[n]["task"] for n in ("embeddings", "masker", "chooser")} == {"embedding", "fill-mask",
-                                                                                "multiple-choice"}
+    assert set(by_name) == {"sentiment", "similarity", "entities", "reader", "embeddings", "masker", "chooser",
+                            "ranker"}
+    assert {by_name[n]["task"] for n in ("embeddings", "masker", "chooser", "ranker")} == {
+        "embedding", "fill-mask", "multiple-choice", "rerank"}
     assert by_name["embeddings"]["max_seq_length"] == 256  # the base's sentence_bert_config.json
     assert by_name["entities"]["task"] == "ner" and by_name["entities"]["labels"] == ["O", "B-LOC", "I-LOC"]
     assert all(m["ready"] and m["execution_provider"] == "CPUExecutionProvider" and m["precision"] == "fp32"

@@ -5,14 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasks.classification import (
-    InputTooLong,
-    LabelSet,
-    decode_classification,
-    encode_classification,
-    sigmoid,
-    softmax,
-)
+from tasks.classification import decode_classification
+from tasks.common import InputTooLong, LabelSet, encode_classification, sigmoid, softmax
 from tasks.tokenizer import CLS, SEP
 
 

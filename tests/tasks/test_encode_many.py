@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.classification import InputTooLong
-from tasks.definition import InputFailed
+from tasks.common import InputFailed, InputTooLong
 from tasks.fill_mask import NoMask
 from tasks.readers import TextExample
 from tasks.registry import definition

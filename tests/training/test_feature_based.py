@@ -12,6 +12,7 @@ import torch
 
 from berth.cli import main
 from tasks import ner
+from tasks.registry import head_class
 from tasks.spec import TaskSpec
 from tasks.tokenizer import load_tokenizer
 from training.checkpoint import load_pretrained, read_state_dict
@@ -97,7 +98,7 @@ def test_feature_based_ner_trains_a_frozen_encoder_and_exports_a_served_bundle(t
                  "--dev", str(dev), "--out", str(out), "--epochs", "3", "--lr", "3e-3", "--batch-size", "16",
                  "--max-seq-length", "64", "--threads", "2", "--seed", "7"]) == 0
     spec = TaskSpec.load(out)
-    assert spec.task == "ner" and spec.head_class == "BertFeatureBasedTokenClassification"
+    assert spec.task == "ner" and head_class(spec) == "BertFeatureBasedTokenClassification"
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["BertFeatureBasedTokenClassification"]
     assert config["feature_layers"] == [-4, -3, -2, -1] and config["lstm_hidden_size"] == 64

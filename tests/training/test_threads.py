@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from service.cpu import cgroup_cpu_limit as cgroup_cpu_quota
-from service.cpu import usable_cpus as usable_cores
+from tasks.cpu import cgroup_cpu_limit as cgroup_cpu_quota
+from tasks.cpu import usable_cpus as usable_cores
 from training.threads import default_threads, idle_cores
 
 

@@ -1,0 +1,28 @@
+"""The import contracts of pyproject.toml ([tool.importlinter]: the layers, the torch-free packages, no import
+circles) hold, as `lint-imports` (import-linter, the real tool) checks them over this source tree."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_import_contract_is_kept():
+    lint_imports = Path(sys.executable).with_name("lint-imports")
+    if not lint_imports.is_file():
+        pytest.fail(f"{lint_imports} is missing: install the test extra (pip install -e '.[test]')")
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["importlinter"]["contracts"]
+    # PYTHONPATH: the packages of this tree, whatever else is installed.
+    result = subprocess.run([str(lint_imports), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    report = result.stdout + result.stderr
+    assert result.returncode == 0, report
+    for contract in contracts:
+        assert f"{contract['name']} KEPT" in report, report
