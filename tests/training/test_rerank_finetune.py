@@ -44,33 +44,27 @@ def test_a_rerank_head_trains_and_ranks_the_right_paragraph_higher(trained):
     assert record["train_examples"] == 240 and record["schedule"]["steps"] == 30
 
 
-def test_an_int8_bundle_passes_its_gates_and_evaluates_as_pytorch(trained, tmp_path):
-    """As the default build exports: each int8 recipe of the chain in turn (a model trained for 30 steps has
-    near-tied documents, which the first recipe may flip) until one passes the agreement and MRR@10 gates."""
+def test_the_bundles_are_gated_on_the_ranking_and_evaluate_as_pytorch(trained, tmp_path):
+    """fp32 evaluates as PyTorch did; int8 is gated on MRR@10 over the dev questions: a model trained for 30 steps
+    has near-tied paragraphs, so int8 may pass or be refused, but the gate must have scored the ranking."""
     from export.bundle_builder import export_bundle
     from export.parity import ParityError
-    from export.precision import INT8_RECIPE_CHAIN
     from tasks.bundle import load_bundle
 
     out, metrics = trained
     examples = [{"query": "Who designed the bridge?", "documents": ["It opened in 2005.", "Sofia Lindqvist designed it."]}]
     export_bundle(out, tmp_path / "fp32", precision="fp32", parity_examples=8, optimize_graph="never",
                   example_inputs=examples)
-    failures = []
-    for recipe in INT8_RECIPE_CHAIN:
-        try:
-            export_bundle(out, tmp_path / "int8", precision="int8", parity_examples=8, metric_examples=DEV_QUESTIONS,
-                          optimize_graph="never", int8_recipe=recipe)
-            break
-        except ParityError as error:
-            assert "mrr_at_10" in str(error)  # the gate scored the ranking, not only the logits
-            failures.append(recipe)
-    assert len(failures) < len(INT8_RECIPE_CHAIN), f"every int8 recipe failed: {failures}"
-    int8 = load_bundle(tmp_path / "int8")
-    assert int8.parity["passed"] and int8.parity["metric"]["name"] == "mrr_at_10"
-    assert int8.parity["metric"]["passed"]
     dev = SAMPLES / "squad/dev.json"
     fp32_metrics = evaluate_model(tmp_path / "fp32", dev, limit=DEV_QUESTIONS)
     assert fp32_metrics["mrr_at_10"] == pytest.approx(metrics["mrr_at_10"])
     assert fp32_metrics["top1"] == pytest.approx(metrics["top1"])
     assert load_bundle(tmp_path / "fp32").examples == examples
+    try:
+        export_bundle(out, tmp_path / "int8", precision="int8", parity_examples=8, metric_examples=DEV_QUESTIONS,
+                      optimize_graph="never")
+    except ParityError as error:
+        assert "task metric" in str(error) and "mrr_at_10" in str(error), str(error)  # refused, the ranking scored
+        return
+    int8 = load_bundle(tmp_path / "int8")
+    assert int8.parity["passed"] and int8.parity["metric"]["name"] == "mrr_at_10" and int8.parity["metric"]["passed"]
