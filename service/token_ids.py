@@ -47,8 +47,9 @@ def check_ids(model: ServedModel, ids: Sequence[int], where: str) -> None:
 
 
 def check_id_lengths(inputs: Sequence[Any], settings: Any, name: str = "inputs") -> None:
-    """The per-input and per-request character limits, an id counting as a character (413 naming the input)."""
-    total = 0
+    """The per-input and per-request character limits, an id counting as a character (413 naming the input). The
+    request's texts count too (check_inputs bounds them alone), so a list mixing texts and ids has one budget."""
+    total = sum(len(raw) for raw in inputs if isinstance(raw, str))
     for index, raw in enumerate(inputs):
         if not is_ids(raw):
             continue
@@ -57,8 +58,8 @@ def check_id_lengths(inputs: Sequence[Any], settings: Any, name: str = "inputs")
                                f"{settings.max_chars_per_input} (max_chars_per_input)")
         total += len(raw)
         if total > settings.max_chars_per_request:
-            raise ServiceError(ErrorType.TOO_LARGE, f"{name}: more than {settings.max_chars_per_request} token ids "
-                               "in one request (max_chars_per_request); split it into several requests")
+            raise ServiceError(ErrorType.TOO_LARGE, f"{name}: more than {settings.max_chars_per_request} characters "
+                               "and token ids in one request (max_chars_per_request); split it into several requests")
 
 
 def encode_ids(model: ServedModel, ids: Sequence[int], truncate: bool) -> EncodedInput:

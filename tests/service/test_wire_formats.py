@@ -361,6 +361,14 @@ def test_tei_embed_takes_token_ids_as_tei_does(tei, bert_tokenizer):
                             "40000") == "Validation"
 
 
+def test_tei_embed_texts_and_token_ids_share_one_character_budget(tei):
+    """120,000 characters of text and 100,000 token ids: each under max_chars_per_request (200,000), together over."""
+    text = "word " * 12_000
+    ids = [2773] * 50_000
+    response = tei.post("/embed", json={"inputs": [text, text, ids, ids], "truncate": True})
+    assert assert_tei_error(response, 413, "200000", "max_chars_per_request") == "Validation"
+
+
 def test_tei_embed_refuses_what_is_too_long_unless_asked_to_cut(tei):
     assert assert_tei_error(tei.post("/embed", json={"inputs": [SENTENCES[0], LONG]}), 413, "inputs[1]",
                             "truncate") == "Validation"
