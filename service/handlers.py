@@ -1,52 +1,64 @@
-"""Thin request adapters between a route and its task definition (tasks/registry.py).
+"""Thin request adapters between a route and its task definition (tasks/registry.py), one per endpoint kind
+(tasks/definition.py `Endpoint.kind`).
 
 The task definition turns one input into model items (`prepare`) and the items' outputs into
-results (`decode`), the same steps `berth evaluate` and the parity gate run. An adapter adds only
-what is HTTP: the limits a setting caps, and the mapping of the task layer's errors (an input too
-long, a text without [MASK]) to 413 / 422 naming the input. Every route's adapter is looked up
-from its task's definition; the embedding task has two more routes (OpenAI's shape, similarity).
+results (`decode`), the same steps `berth evaluate` and the parity gate run, and refuses what it cannot take
+(`check_options`, `check_input`, `check_prepared`: `Refusal`s that carry their HTTP status). An adapter adds
+only what is HTTP: the limits a setting caps, where in the request an input is, the mapping of the task's
+refusals to 413 / 422 naming the input, and the response's shape. Every route's adapter is built from its
+task's endpoint (`HANDLERS`, by path).
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from service import token_ids
 from service.errors import ErrorType, ServiceError
 from service.models import ServedModel
-from service.schemas import (
-    MAX_RERANK_DOCUMENTS,
-    EmbeddingsRequest,
-    RerankRequest,
-    SimilarityInput,
-    SimilarityRequest,
-)
-from tasks import embedding
-from tasks.common import InputFailed, InputTooLong
-from tasks.definition import ItemOutputs, Prepared, TaskDefinition
-from tasks.fill_mask import NoMask
+from service.requests import request_model
+from service.schemas import EmbeddingsRequest
+from tasks.common import InputFailed, InputTooLong, Refusal
+from tasks.definition import Endpoint, ItemOutputs, Prepared, TaskDefinition
+from tasks.embedding import cosine
 from tasks.inference import Keep
-from tasks.qa import question_too_long
-from tasks.registry import DEFINITIONS
-from tasks.rerank import RerankInput
+from tasks.registry import DEFINITIONS, definition
 from tasks.tokenizer import truncation
 
 Outputs = list[ItemOutputs]  # one dict of output rows per model item
 
-MAX_TARGETS = 256  # texts compared with one source (/v1/similarity)
-MAX_CHOICES = 64  # choices of one multiple-choice input (/v1/choice)
-MAX_TOKEN_OUTPUT_INPUTS = 16  # /v1/embed with "output": "tokens" (up to ~4 MB of JSON per input)
+
+def service_error(refused: Refusal, message: str | None = None) -> ServiceError:
+    """The HTTP error of a task's refusal: its own status (413 too large, else 422) and message."""
+    kind = ErrorType.TOO_LARGE if refused.http_status == 413 else ErrorType.VALIDATION
+    return ServiceError(kind, str(refused) if message is None else message)
+
+
+@contextmanager
+def refusals_as_http() -> Iterator[None]:
+    """A task hook's `Refusal` raised as its HTTP error."""
+    try:
+        yield
+    except Refusal as refused:
+        raise service_error(refused) from None
 
 
 class TaskHandler:
-    """A route's adapter for `definition`'s task (`route`: when not the task's own route)."""
+    """The adapter of an "inputs" endpoint of `definition`'s task (`route`: where it is served, when not at
+    the endpoint's own path: the metrics' route label)."""
 
-    def __init__(self, definition: TaskDefinition, route: str | None = None):
+    def __init__(self, definition: TaskDefinition, endpoint: Endpoint, route: str | None = None):
         self.definition = definition
+        self.endpoint = endpoint
         self.task = definition.name
-        self.route = route or definition.route
+        self.route = route or endpoint.path
+        self.request_model = request_model(definition, endpoint)
+        self.truncates = "truncate" in (endpoint.options or definition.options).model_fields
 
     budget_hint = ""  # appended to the item and token budgets' 413: what the caller can do about it
 
@@ -71,10 +83,15 @@ class TaskHandler:
         return settings.max_items_per_request, "max_items_per_request"
 
     def check_body(self, body: Any, settings: Any) -> None:
-        """Request options a setting caps (422 naming it); nothing by default."""
+        """Request options a setting caps (422 naming it): the task's."""
+        with refusals_as_http():
+            self.definition.check_options(body, settings)
 
     def check_input(self, model: ServedModel, raw: Any, body: Any, index: int) -> None:
-        """What the route refuses in one input before it is tokenized (a ServiceError naming it); nothing by default."""
+        """What the route refuses in one input before it is tokenized (a ServiceError naming it): the
+        task's."""
+        with refusals_as_http():
+            self.definition.check_input(model.bundle, raw, body, index)
 
     def prepare(self, model: ServedModel, inputs: list[Any], body: Any) -> list[Prepared]:
         """Every input's items, the list tokenized at once (one `encode_batch`) where the task can. The error is
@@ -95,10 +112,22 @@ class TaskHandler:
         try:
             return self.definition.prepare_many(model.tokenizer, model.spec, inputs, body)
         except InputFailed as failed:
-            raise refusal(failed.error, f"inputs[{failed.index}]", body) from None
+            raise self.refusal(failed.error, f"inputs[{failed.index}]") from None
+
+    def refusal(self, error: ValueError, where: str) -> ServiceError | ValueError:
+        """The HTTP error for the task's refusal of the input at `where` (other errors stay what they are: a
+        bug)."""
+        if not isinstance(error, Refusal):
+            return error
+        cuttable = self.truncates and isinstance(error, InputTooLong)
+        hint = "; send \"truncate\": true to cut it to fit" if cuttable else ""
+        return service_error(error, f"{where}: {error}{hint}")
 
     def check_prepared(self, model: ServedModel, prepared: list[Prepared], body: Any, settings: Any) -> None:
-        """What the route refuses once the inputs are tokenized (a ServiceError naming the input); nothing by default."""
+        """What the route refuses once the inputs are tokenized (a ServiceError naming the input): the
+        task's."""
+        with refusals_as_http():
+            self.definition.check_prepared(model.spec, prepared, body, settings)
 
     def keep(self, model: ServedModel, body: Any) -> Keep:
         """What each item keeps of its forward pass for this request (tasks/inference.py `Keep`)."""
@@ -111,56 +140,13 @@ class TaskHandler:
     def finish(self, model: ServedModel, prepared: list[Prepared], outputs: list[Outputs], body: Any) -> list[Any]:
         return self.definition.decode(model.tokenizer, model.spec, prepared, outputs, body)
 
-
-class QAHandler(TaskHandler):
-    def check_body(self, body: Any, settings: Any) -> None:
-        if body.max_answer_length > settings.max_answer_length_cap:
-            raise ServiceError(ErrorType.VALIDATION, f"max_answer_length: {body.max_answer_length} tokens; the limit "
-                               f"is {settings.max_answer_length_cap} (max_answer_length_cap)")
-
-    def check_prepared(self, model: ServedModel, prepared: list[Prepared], body: Any, settings: Any) -> None:
-        """A question longer than the model's max_query_length would be cut: refused instead, never cut silently."""
-        for index, p in enumerate(prepared):
-            if too_long := question_too_long(model.spec, p):
-                raise ServiceError(ErrorType.TOO_LARGE, f"inputs[{index}].question: {too_long}; shorten the question")
+    def shape(self, model_name: str, results: list[Any]) -> Any:
+        """The response body: `{"model", "results"}`; an endpoint kind with its own shape overrides it."""
+        return {"model": model_name, "results": results}
 
 
-class FillMaskHandler(TaskHandler):
-    def check_prepared(self, model: ServedModel, prepared: list[Prepared], body: Any, settings: Any) -> None:
-        for index, p in enumerate(prepared):
-            masks = len(p.state[1])
-            if masks > settings.max_masks_per_input:
-                raise ServiceError(ErrorType.TOO_LARGE, f"inputs[{index}]: {masks} [MASK] tokens; the limit is "
-                                   f"{settings.max_masks_per_input} per input (max_masks_per_input)")
-
-
-class ChoiceHandler(TaskHandler):
-    def check_input(self, model: ServedModel, raw: Any, body: Any, index: int) -> None:
-        if len(raw.choices) < 2:
-            raise ServiceError(ErrorType.VALIDATION, f"inputs[{index}].choices: {len(raw.choices)} given; a "
-                               "multiple-choice input needs at least 2")
-        if len(raw.choices) > MAX_CHOICES:
-            raise ServiceError(ErrorType.TOO_LARGE, f"inputs[{index}].choices: {len(raw.choices)} given; the limit "
-                               f"is {MAX_CHOICES}")
-
-
-class EmbedHandler(TaskHandler):
-    def check_input(self, model: ServedModel, raw: str, body: Any, index: int) -> None:
-        if getattr(body, "output", "sentence") == "tokens":
-            if index >= MAX_TOKEN_OUTPUT_INPUTS:
-                raise ServiceError(ErrorType.TOO_LARGE, f"inputs: \"output\": \"tokens\" takes at most "
-                                   f"{MAX_TOKEN_OUTPUT_INPUTS} inputs per request")
-            try:
-                embedding.check_layers(body.layers, int(model.bundle.encoder_config.get("num_hidden_layers", 0)))
-            except ValueError as error:
-                raise ServiceError(ErrorType.VALIDATION, f"layers: {error}") from None
-        elif getattr(body, "layers", [-1]) != [-1]:
-            raise ServiceError(ErrorType.VALIDATION, "layers: only with \"output\": \"tokens\" (sentence vectors "
-                               "pool the last layer)")
-
-
-class OpenAIEmbeddingsHandler(EmbedHandler):
-    """/v1/embeddings: the same embeddings; `openai_payload` gives the response OpenAI's shape. An input is a
+class OpenAIEmbeddingsHandler(TaskHandler):
+    """An "openai" endpoint (/v1/embeddings): the task's sentence embeddings in OpenAI's shape. An input is a
     text or, as OpenAI takes them, a list of token ids (service/token_ids.py)."""
 
     def texts(self, raw: str | list[int]) -> list[tuple[str, str]]:
@@ -176,7 +162,6 @@ class OpenAIEmbeddingsHandler(EmbedHandler):
                                f"{size}-dimensional embeddings (shortening is not supported)")
         if token_ids.is_ids(raw):
             token_ids.check_ids(model, raw, f"input[{index}]")
-        super().check_input(model, raw, body, index)
 
     def prepare_checked(self, model: ServedModel, inputs: list[Any], body: EmbeddingsRequest) -> list[Prepared]:
         """As OpenAI: an input longer than the model takes is a 400 naming it and its token count, unless the
@@ -189,7 +174,7 @@ class OpenAIEmbeddingsHandler(EmbedHandler):
                                    f"length is {failed.error.max_length} tokens, however the input is "
                                    f"{failed.error.num_tokens} tokens; shorten it, or send \"truncate\": true to "
                                    "cut it to fit", status=400) from None
-            raise refusal(failed.error, f"input[{failed.index}]", body) from None
+            raise self.refusal(failed.error, f"input[{failed.index}]") from None
 
     def finish(self, model, prepared, outputs, body: EmbeddingsRequest) -> list[Any]:
         vectors = self.definition.sentence_vectors(model.spec, [out[0] for out in outputs], True)
@@ -201,44 +186,35 @@ class OpenAIEmbeddingsHandler(EmbedHandler):
                             "tokens": len(p.state) + p.state.dropped})  # usage: what was sent, cut or not
         return results
 
-
-def refusal(error: ValueError, where: str, body: Any) -> ServiceError | ValueError:
-    """The HTTP error for a task's refusal of the input at `where` (other errors stay what they are: a bug)."""
-    if isinstance(error, InputTooLong):
-        hint = "; send \"truncate\": true to cut it to fit" if hasattr(body, "truncate") else ""
-        return ServiceError(ErrorType.TOO_LARGE, f"{where}: {error}{hint}")
-    if isinstance(error, NoMask):
-        return ServiceError(ErrorType.VALIDATION, f"{where}: {error}")
-    return error
-
-
-def openai_payload(model_name: str, results: list[dict[str, Any]]) -> dict[str, Any]:
-    tokens = sum(result.pop("tokens") for result in results)
-    return {"object": "list", "data": results, "model": model_name,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+    def shape(self, model_name: str, results: list[dict[str, Any]]) -> dict[str, Any]:
+        tokens = sum(result.pop("tokens") for result in results)
+        return {"object": "list", "data": results, "model": model_name,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
 
 class SimilarityHandler(TaskHandler):
-    """/v1/similarity: the cosine of a source's embedding with each target's."""
+    """A "similarity" endpoint (/v1/similarity): the cosine of each input's `source` embedding with each of
+    its `targets`' (1 to the endpoint's `max_texts`)."""
 
-    def texts(self, raw: SimilarityInput) -> list[tuple[str, str]]:
+    def texts(self, raw: Any) -> list[tuple[str, str]]:
         return [("source", raw.source)] + [(f"targets[{i}]", t) for i, t in enumerate(raw.targets)]
 
-    def check_input(self, model: ServedModel, raw: SimilarityInput, body: SimilarityRequest, index: int) -> None:
+    def check_input(self, model: ServedModel, raw: Any, body: Any, index: int) -> None:
         if not raw.targets:
             raise ServiceError(ErrorType.VALIDATION, f"inputs[{index}].targets: the list is empty; send at least one")
-        if len(raw.targets) > MAX_TARGETS:
+        limit = self.endpoint.max_texts
+        if limit is not None and len(raw.targets) > limit:
             raise ServiceError(ErrorType.TOO_LARGE, f"inputs[{index}].targets: {len(raw.targets)} texts; the limit "
-                               f"is {MAX_TARGETS}")
+                               f"is {limit}")
 
-    def prepare_checked(self, model: ServedModel, inputs: list[SimilarityInput], body: SimilarityRequest) -> list[Prepared]:
+    def prepare_checked(self, model: ServedModel, inputs: list[Any], body: Any) -> list[Prepared]:
         """Every text of every input (source, then targets) embedded as one list."""
         fields = [(index, field, text) for index, raw in enumerate(inputs) for field, text in self.texts(raw)]
         try:
             texts = self.definition.prepare_many(model.tokenizer, model.spec, [text for _, _, text in fields], body)
         except InputFailed as failed:
             index, field, _ = fields[failed.index]
-            raise refusal(failed.error, f"inputs[{index}].{field}", body) from None
+            raise self.refusal(failed.error, f"inputs[{index}].{field}") from None
         prepared: list[Prepared] = [Prepared([]) for _ in inputs]
         for (index, _, _), text in zip(fields, texts):
             prepared[index].items.extend(text.items)
@@ -248,71 +224,85 @@ class SimilarityHandler(TaskHandler):
         return sum(32 * len(p.items) for p in prepared) + 256
 
     def finish(self, model, prepared, outputs, body) -> list[Any]:
-        """Per input: `{"scores", "truncated_tokens"}` (tokens cut from the source, then each target);
-        `similarity_payload` puts them in the response."""
+        """Per input: `{"scores", "truncated_tokens"}` (tokens cut from the source, then each target)."""
         results = []
         for p, out in zip(prepared, outputs):
             vectors = self.definition.sentence_vectors(model.spec, out, True)
-            results.append({"scores": embedding.cosine(vectors[0], vectors[1:]).tolist(),
+            results.append({"scores": cosine(vectors[0], vectors[1:]).tolist(),
                             "truncated_tokens": [item.dropped for item in p.items]})
         return results
 
+    def shape(self, model_name: str, results: list[dict[str, Any]]) -> dict[str, Any]:
+        """`results` (the cosines per input) and, beside them, `truncated_tokens` per input: how many tokens
+        were cut from the source and from each target (all 0 when nothing was cut)."""
+        return {"model": model_name, "results": [r["scores"] for r in results],
+                "truncated_tokens": [r["truncated_tokens"] for r in results]}
 
-def similarity_payload(model_name: str, results: list[dict[str, Any]]) -> dict[str, Any]:
-    """`results` as before (the cosines per input) and, beside them, `truncated_tokens` per input: how many tokens
-    were cut from the source and from each target (all 0 when nothing was cut)."""
-    return {"model": model_name, "results": [r["scores"] for r in results],
-            "truncated_tokens": [r["truncated_tokens"] for r in results]}
 
-
-class RerankHandler(TaskHandler):
-    """/v1/rerank (and /v2/rerank, where Cohere's v2 client posts): one query and its documents are the task's one
-    input; `rerank_payload` gives the answer Cohere's shape. A document's first window is free of
-    max_items_per_request (a request may send MAX_RERANK_DOCUMENTS documents); the windows of long documents
-    beyond it count against it, and every window's tokens, the query's included, against max_tokens_per_request."""
+class RankingHandler(TaskHandler):
+    """A "ranking" endpoint (/v1/rerank, and /v2/rerank where Cohere's v2 client posts): one query and its
+    documents are the task's one input, answered in Cohere's shape. A document's first window is free of
+    max_items_per_request (a request may send the endpoint's `max_texts` documents); the windows of long
+    documents beyond it count against it, and every window's tokens, the query's included, against
+    max_tokens_per_request."""
 
     budget_hint = "; max_tokens_per_doc cuts long documents to fewer windows, or send fewer documents"
 
-    def where(self, index: int, field: str, raw: RerankInput) -> str:
+    def where(self, index: int, field: str, raw: Any) -> str:
         return field  # "query", "documents[3]": the request's own fields
 
-    def check_count(self, inputs: list[RerankInput], settings: Any) -> None:
-        documents = len(inputs[0].documents)
+    def check_count(self, inputs: list[Any], settings: Any) -> None:
+        documents, limit = len(inputs[0].documents), self.endpoint.max_texts
         if not documents:
             raise ServiceError(ErrorType.VALIDATION, "documents: the list is empty; send at least one document")
-        if documents > MAX_RERANK_DOCUMENTS:
+        if limit is not None and documents > limit:
             raise ServiceError(ErrorType.TOO_LARGE, f"documents: {documents} in one request; the limit is "
-                               f"{MAX_RERANK_DOCUMENTS}; split them over several requests")
+                               f"{limit}; split them over several requests")
 
     def item_limit(self, prepared: list[Prepared], settings: Any) -> tuple[int, str]:
         documents = sum(len(p.state.documents) for p in prepared)
         return documents + settings.max_items_per_request, "one window per document + max_items_per_request"
 
-    def prepare_checked(self, model: ServedModel, inputs: list[RerankInput], body: RerankRequest) -> list[Prepared]:
+    def prepare_checked(self, model: ServedModel, inputs: list[Any], body: Any) -> list[Prepared]:
         try:
             return self.definition.prepare_many(model.tokenizer, model.spec, inputs, body)
         except InputFailed as failed:
             if isinstance(failed.error, InputTooLong):  # the query leaves no room for a document token
                 raise ServiceError(ErrorType.TOO_LARGE, f"{failed.error}; shorten the query") from None
-            raise refusal(failed.error, "query", body) from None
+            raise self.refusal(failed.error, "query") from None
 
-    def finish(self, model, prepared, outputs, body: RerankRequest) -> list[Any]:
+    def finish(self, model, prepared, outputs, body) -> list[Any]:
         ranked = self.definition.decode(model.tokenizer, model.spec, prepared, outputs, body)
         return [{"results": r, "tokens": sum(len(item) for item in p.items)} for r, p in zip(ranked, prepared)]
 
+    def shape(self, model_name: str, results: list[dict[str, Any]]) -> dict[str, Any]:
+        """Cohere's v2 rerank response for the one input's ranking, with Jina's `model` and `usage`."""
+        [answer] = results
+        tokens = answer["tokens"]
+        return {"id": str(uuid.uuid4()), "results": answer["results"],
+                "meta": {"tokens": {"input_tokens": tokens}}, "model": model_name,
+                "usage": {"total_tokens": tokens}}
 
-def rerank_payload(model_name: str, results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Cohere's v2 rerank response for the one input's ranking, with Jina's `model` and `usage`."""
-    [answer] = results
-    tokens = answer["tokens"]
-    return {"id": str(uuid.uuid4()), "results": answer["results"], "meta": {"tokens": {"input_tokens": tokens}},
-            "model": model_name, "usage": {"total_tokens": tokens}}
+
+ADAPTERS: dict[str, type[TaskHandler]] = {"inputs": TaskHandler, "similarity": SimilarityHandler,
+                                          "openai": OpenAIEmbeddingsHandler, "ranking": RankingHandler}
 
 
-# Each task's own route; a task whose route needs more than the definition has its adapter class here.
-_ADAPTERS: dict[str, type[TaskHandler]] = {"qa": QAHandler, "multiple-choice": ChoiceHandler, "embedding": EmbedHandler,
-                                            "fill-mask": FillMaskHandler, "rerank": RerankHandler}
-HANDLERS: dict[str, TaskHandler] = {name: _ADAPTERS.get(name, TaskHandler)(definition)
-                                    for name, definition in DEFINITIONS.items() if definition.route}
-OPENAI_EMBEDDINGS = OpenAIEmbeddingsHandler(DEFINITIONS["embedding"], "/v1/embeddings")
-SIMILARITY = SimilarityHandler(DEFINITIONS["embedding"], "/v1/similarity")
+def adapter(endpoint: Endpoint) -> type[TaskHandler]:
+    """The adapter class of an endpoint's kind."""
+    return ADAPTERS[endpoint.kind]
+
+
+# Every served endpoint's adapter, by its path (the registry's order: each task's own endpoint first).
+HANDLERS: dict[str, TaskHandler] = {endpoint.path: adapter(endpoint)(task, endpoint)
+                                    for task in DEFINITIONS.values() for endpoint in task.endpoints}
+
+
+@functools.cache
+def handler_for(task: str, kind: str, route: str) -> TaskHandler:
+    """The adapter of `task`'s first endpoint of `kind`, served at `route` (the foreign wire formats' routes).
+    KeyError when the task has no endpoint of that kind."""
+    found = next((e for e in definition(task).endpoints if e.kind == kind), None)
+    if found is None:
+        raise KeyError(f"task {task!r} has no {kind} endpoint")
+    return adapter(found)(definition(task), found, route)

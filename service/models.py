@@ -128,6 +128,7 @@ class ServedModel:
             "name": self.name,
             "task": self.task,
             "route": self.definition.route,
+            "routes": [endpoint.describe() for endpoint in self.definition.endpoints],
             "labels": self.spec.labels,
             "problem_type": self.spec.problem_type,
             "max_seq_length": self.spec.max_seq_length,
@@ -135,7 +136,7 @@ class ServedModel:
             "execution_provider": self.provider,
             "length_buckets": self.batcher.policy.buckets if self.batcher else [],
             "version_2_with_negative": (self.spec.version_2_with_negative
-                                        if "handle_impossible" in self.definition.options.model_fields else None),
+                                        if self.definition.answers_can_be_impossible else None),
             "ready": self.ready and (self.batcher is None or self.batcher.healthy),  # loaded, and not failing
             "examples": self.bundle.examples,
             "below_quality_floor": self.below_quality_floor,

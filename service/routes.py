@@ -3,45 +3,18 @@ probes, metrics."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
-from service.handlers import (
-    HANDLERS,
-    OPENAI_EMBEDDINGS,
-    SIMILARITY,
-    openai_payload,
-    rerank_payload,
-    similarity_payload,
-)
+from service.handlers import HANDLERS, TaskHandler
 from service.inference import infer
 from service.metrics import CONTENT_TYPE
 from service.runtime import Phase, Runtime
-from service.schemas import (
-    ERROR_RESPONSES,
-    OFFSETS_NOTE,
-    ChoiceRequest,
-    ChoiceResponse,
-    ClassifyRequest,
-    ClassifyResponse,
-    EmbeddingsRequest,
-    EmbeddingsResponse,
-    EmbedRequest,
-    EmbedResponse,
-    FillMaskRequest,
-    FillMaskResponse,
-    NERRequest,
-    NERResponse,
-    PairRequest,
-    QARequest,
-    QAResponse,
-    RerankRequest,
-    RerankResponse,
-    SimilarityRequest,
-    SimilarityResponse,
-)
+from service.schemas import ERROR_RESPONSES, RESPONSES
+from tasks.registry import definition
 
 
 async def get_runtime(request: Request) -> Runtime:  # async: FastAPI would run a plain def in a thread
@@ -52,88 +25,37 @@ RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 
 
 # The API key is checked once, in the ASGI middleware (service/middleware.py), before the body is read.
-# Every POST route of v1 is an inference endpoint `(body, request)`: service/fastpath.py calls it directly for
-# JSON bodies, FastAPI for anything else (both run the same endpoint, so they answer alike).
+# Every POST route is an inference endpoint `(body, request)`, one per task endpoint of the registry
+# (tasks/definition.py `Endpoint`): service/fastpath.py calls it directly for JSON bodies, FastAPI for
+# anything else (both run the same endpoint, so they answer alike).
 v1 = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
+v2 = APIRouter(prefix="/v2", responses=ERROR_RESPONSES)  # Cohere's v2 client posts to /v2/rerank
+ROUTERS = (v1, v2)
 
 
-@v1.post("/classify", response_model=ClassifyResponse, summary="Single-text classification (or regression)")
-async def classify(body: ClassifyRequest, request: Request) -> Response:
-    """One result per input, in input order: `{label, score, truncated}`; with `top_k` the ranked list."""
-    return await infer(request, HANDLERS["classification"], body)
+def inference_endpoint(handler: TaskHandler) -> Callable[..., Awaitable[Response]]:
+    """The endpoint of one task endpoint: its request model validated, then the one request path."""
+
+    async def endpoint(body: Any, request: Request) -> Response:
+        return await infer(request, handler, body, payload_shape=handler.shape)
+
+    endpoint.__name__ = endpoint.__qualname__ = handler.endpoint.name
+    endpoint.__annotations__ = {"body": handler.request_model, "request": Request, "return": Response}
+    return endpoint
 
 
-@v1.post("/pair", response_model=ClassifyResponse, summary="Sentence-pair classification or regression")
-async def pair(body: PairRequest, request: Request) -> Response:
-    """`{label, score, truncated}` per pair (regression models: `{score, truncated}`)."""
-    return await infer(request, HANDLERS["pair"], body)
+def add_inference_routes() -> None:
+    """Every task endpoint's route, at each of its paths."""
+    for handler in HANDLERS.values():
+        endpoint, declared = inference_endpoint(handler), handler.endpoint
+        for path in (declared.path, *declared.also_at):
+            router = next(r for r in ROUTERS if path.startswith(r.prefix + "/"))
+            router.add_api_route(path.removeprefix(router.prefix), endpoint, methods=["POST"],
+                                 response_model=RESPONSES[declared.response], summary=declared.summary,
+                                 description=declared.description)
 
 
-@v1.post("/ner", response_model=NERResponse, summary="Named entities with character offsets")
-async def named_entities(body: NERRequest, request: Request) -> Response:
-    return await infer(request, HANDLERS["ner"], body)
-
-
-named_entities.__doc__ = "A list of `{entity, text, start, end, score}` per input. " + OFFSETS_NOTE
-
-
-@v1.post("/qa", response_model=QAResponse, summary="Extractive question answering over contexts of any length")
-async def question_answering(body: QARequest, request: Request) -> Response:
-    return await infer(request, HANDLERS["qa"], body)
-
-
-question_answering.__doc__ = ("`{answer, start, end, score, is_impossible}` per question (a ranked list with "
-                              "top_k > 1), the best over all windows of the context. " + OFFSETS_NOTE)
-
-
-@v1.post("/embed", response_model=EmbedResponse, summary="Sentence embeddings, or token vectors with offsets")
-async def embed(body: EmbedRequest, request: Request) -> Response:
-    return await infer(request, HANDLERS["embedding"], body)
-
-
-embed.__doc__ = ("`{embedding, truncated}` per input (pooled as the model was trained; L2-normalized by default); "
-                 "with `\"output\": \"tokens\"` `{tokens: [{token, start, end, embedding}], truncated}`, the "
-                 "`layers` concatenated. " + OFFSETS_NOTE)
-
-
-@v1.post("/embeddings", response_model=EmbeddingsResponse, summary="OpenAI-compatible embeddings")
-async def openai_embeddings(body: EmbeddingsRequest, request: Request) -> Response:
-    """OpenAI's shape: `{object: list, data: [{object: embedding, index, embedding, truncated, truncated_tokens}],
-    model, usage}`; unit vectors; `encoding_format` float or base64 (little-endian float32). An input longer than
-    the model takes is a 400 naming it (as OpenAI), unless `"truncate": true`. Errors keep berth's shape."""
-    return await infer(request, OPENAI_EMBEDDINGS, body, payload_shape=openai_payload)
-
-
-@v1.post("/similarity", response_model=SimilarityResponse, summary="Cosine similarity of a source with targets")
-async def similarity(body: SimilarityRequest, request: Request) -> Response:
-    """Per input, the cosine of `source` with each of `targets`, from the same embeddings as /v1/embed; beside the
-    results, `truncated_tokens` per input (the source's, then each target's)."""
-    return await infer(request, SIMILARITY, body, payload_shape=similarity_payload)
-
-
-@v1.post("/fill-mask", response_model=FillMaskResponse, summary="Top-k tokens for each [MASK]")
-async def fill_mask(body: FillMaskRequest, request: Request) -> Response:
-    """`[{score, token, token_str, sequence}]` per input (a list per [MASK] when there are several), as
-    transformers' fill-mask pipeline. 422 when an input has no [MASK]."""
-    return await infer(request, HANDLERS["fill-mask"], body)
-
-
-@v1.post("/choice", response_model=ChoiceResponse, summary="Multiple choice: rank the choices for a context")
-async def choice(body: ChoiceRequest, request: Request) -> Response:
-    """Per input, its choices `{index, choice, score, truncated}`, most probable first (softmax over them)."""
-    return await infer(request, HANDLERS["multiple-choice"], body)
-
-
-RERANK_SUMMARY = "Rerank documents for a query (Cohere v2 / Jina shape)"
-
-
-@v1.post("/rerank", response_model=RerankResponse, summary=RERANK_SUMMARY)
-async def rerank(body: RerankRequest, request: Request) -> Response:
-    """Cohere's v2 `{id, results: [{index, relevance_score, document?}], meta}` with Jina's `model` and `usage`;
-    each result also says whether its document was `truncated` (cut to max_tokens_per_doc). The documents most
-    relevant first; `top_n` the first n (more than the documents: all of them). A long document is read in
-    overlapping windows and scored by its best one. Also served at /v2/rerank, the path of Cohere's v2 client."""
-    return await infer(request, HANDLERS["rerank"], body, payload_shape=rerank_payload)
+add_inference_routes()
 
 
 @v1.get("/models", summary="The served models")
@@ -146,14 +68,10 @@ async def list_models(runtime: RuntimeDep) -> dict:
         else:
             spec = bundle.spec()
             described.append({"name": name, "task": bundle.task, "labels": spec.labels,
+                              "routes": [e.describe() for e in definition(bundle.task).endpoints],
                               "max_seq_length": spec.max_seq_length, "precision": bundle.precision,
                               "execution_provider": None, "ready": False, "examples": bundle.examples})
     return {"models": described, "phase": runtime.phase.value}
-
-
-# Cohere's v2 client posts to /v2/rerank: the same endpoint, behind the same API key, limits and fast path.
-v2 = APIRouter(prefix="/v2", responses=ERROR_RESPONSES)
-v2.add_api_route("/rerank", rerank, methods=["POST"], response_model=RerankResponse, summary=RERANK_SUMMARY)
 
 
 probes = APIRouter()

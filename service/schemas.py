@@ -1,4 +1,5 @@
-"""Request and response bodies of the /v1 routes, with the examples shown in /docs.
+"""Response bodies of the /v1 routes and OpenAI's embeddings request; the task routes' requests are built
+from the task definitions (service/requests.py), with the examples shown in /docs.
 
 `inputs` is one input or a list of them; the response always holds a list of results, one per
 input, in input order. All character offsets (`start`, `end`) are Python str indices (Unicode code
@@ -13,83 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from service.token_ids import TokenIds, as_inputs
-from tasks.classification import ClassifyOptions
-from tasks.embedding import EmbedOptions
-from tasks.fill_mask import FillMaskOptions
-from tasks.multiple_choice import ChoiceOptions
-from tasks.ner import NEROptions
-from tasks.qa import QAOptions
-from tasks.rerank import RerankInput, RerankOptions
-
-OFFSETS_NOTE = ("Offsets are Python str indices (code points) into the caller's original string, end exclusive: "
-                "text[start:end] is the span's text.")
-
-
-class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    model: str | None = Field(None, description="bundle name (see GET /v1/models); default: the first model of "
-                                                "this route's task, by name")
-
-
-class ClassifyRequest(ClassifyOptions, _Request):
-    inputs: str | list[str] = Field(description="a text or a list of texts")
-
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"inputs": "A charming and often affecting journey."},
-        {"inputs": ["Unflinchingly bleak and desperate.", "A gorgeous, witty, seductive movie."], "top_k": 2},
-    ]})
-
-
-class TextPair(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    text: str
-    text_pair: str
-
-
-class PairRequest(ClassifyOptions, _Request):
-    inputs: TextPair | list[TextPair] = Field(description="a {text, text_pair} object or a list of them")
-
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"inputs": {"text": "The cat sat on the mat.", "text_pair": "A cat was sitting on a mat."}},
-    ]})
-
-
-class NERRequest(NEROptions, _Request):
-    inputs: str | list[str] = Field(description="a text or a list of texts, of any length up to the character "
-                                                "limit: long texts are read in overlapping windows")
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"inputs": "Peter Blackburn met officials of the World Health Organization in Geneva."},
-    ]})
-
-
-class QAInput(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    question: str
-    context: str
-
-
-class QARequest(QAOptions, _Request):
-    inputs: QAInput | list[QAInput] = Field(description="a {question, context} object or a list of them; "
-                                                        "long contexts are read in overlapping windows")
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"inputs": {"question": "Where is Normandy?",
-                    "context": "The Normans gave their name to Normandy, a region in France."}},
-    ]})
-
-
-class _TruncatingRequest(ChoiceOptions, _Request):
-    """A request whose only option is `truncate`."""
-
-
-class EmbedRequest(EmbedOptions, _Request):
-    inputs: str | list[str] = Field(description="a text or a list of texts")
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"inputs": ["A man is playing a guitar.", "Someone plays an instrument."]},
-        {"inputs": "Tim Cook visited Berlin.", "output": "tokens", "layers": [-1, -2, -3, -4]},
-    ]})
+from tasks.common import OFFSETS_NOTE
 
 
 class EmbeddingsRequest(BaseModel):
@@ -119,80 +44,12 @@ class EmbeddingsRequest(BaseModel):
         return True  # OpenAI's embeddings are unit length; clients may rely on dot product == cosine
 
 
-class SimilarityInput(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    source: str
-    targets: list[str] = Field(description="1 to 256 texts compared with source")
-
-
-class SimilarityRequest(_TruncatingRequest):
-    inputs: SimilarityInput | list[SimilarityInput] = Field(description="a {source, targets} object or a list")
-
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"inputs": {"source": "A man is playing a guitar.",
-                    "targets": ["Someone plays an instrument.", "A chef is cooking pasta."]}},
-    ]})
-
-
-class FillMaskRequest(FillMaskOptions, _Request):
-    inputs: str | list[str] = Field(description="a text or a list of texts, each with at least one [MASK]")
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"inputs": "Paris is the [MASK] of France.", "top_k": 3},
-    ]})
-
-
-class ChoiceInput(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    context: str
-    choices: list[str] = Field(description="2 to 64 candidate continuations or answers")
-
-
-class ChoiceRequest(ChoiceOptions, _Request):
-    inputs: ChoiceInput | list[ChoiceInput] = Field(description="a {context, choices} object or a list of them")
-
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"inputs": {"context": "She opened the umbrella because",
-                    "choices": ["it started to rain.", "the soup was cold.", "the train left."]}},
-    ]})
-
-
-MAX_RERANK_DOCUMENTS = 1_000  # documents of one /v1/rerank request (more: 413), Cohere's recommended most
-
-
 class RerankDocument(BaseModel):
     """A document as an object, as Jina's API and Cohere's v1 take it (only `text`)."""
 
     model_config = ConfigDict(extra="forbid")
 
     text: str
-
-
-class RerankRequest(RerankOptions, _Request):
-    """Cohere's v2 rerank request (what `cohere.ClientV2.rerank` sends), which is also Jina's and Cohere v1's:
-    `return_documents`, and documents as strings or `{"text"}` objects, mixed."""
-
-    query: str = Field(description="the search query")
-    documents: list[str | RerankDocument] = Field(
-        description=f"1 to {MAX_RERANK_DOCUMENTS:,} texts (or {{\"text\"}} objects) ranked against the query; a "
-                    "long one is read in overlapping windows and scored by its best window")
-    priority: int | None = Field(None, description="Cohere's scheduling hint: accepted and ignored")
-
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
-        {"model": "ranker", "query": "What is the capital of the United States?", "top_n": 2,
-         "documents": ["Carson City is the capital city of the American state of Nevada.",
-                       "Washington, D.C. is the capital of the United States.",
-                       "Capital gains are profits from the sale of an asset."]},
-        {"query": "Which city has the tallest tower?", "return_documents": True,
-         "documents": [{"text": "Dubai's Burj Khalifa is 828 metres tall."}, "Paris has the Eiffel Tower."]},
-    ]})
-
-    @property
-    def inputs(self) -> RerankInput:
-        """The task layer's one input: the query and every document as its text (validated above already)."""
-        texts = [d if isinstance(d, str) else d.text for d in self.documents]
-        return RerankInput.model_construct(query=self.query, documents=texts)
 
 
 class _Result(BaseModel):
@@ -370,3 +227,9 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
                                              "pass retries it); Retry-After"},
     504: {"model": ErrorBody, "description": "not answered within the request timeout"},
 }
+
+
+# The response schemas the task definitions' endpoints name (tasks/definition.py `Endpoint.response`).
+RESPONSES: dict[str, type[BaseModel]] = {model.__name__: model for model in (
+    ClassifyResponse, NERResponse, QAResponse, EmbedResponse, EmbeddingsResponse, SimilarityResponse,
+    FillMaskResponse, ChoiceResponse, RerankResponse)}

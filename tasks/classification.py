@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 
 from tasks import readers
 from tasks.common import LabelSet, encode_classification_many, margin, sigmoid, softmax
-from tasks.definition import Prepared, TaskDefinition
+from tasks.definition import Endpoint, InputField, Prepared, TaskDefinition
 from tasks.tokenizer import truncation
 
 SINGLE_LABEL = "single_label_classification"
@@ -89,9 +89,19 @@ class ClassificationTask(TaskDefinition):
 
     name = "classification"
     head_class = "BertForSequenceClassification"
+    training_adapter = "ClassificationAdapter"
+    pools = True
     output_names = ("logits",)
-    route = "/v1/classify"
+    endpoints = (Endpoint(
+        "/v1/classify", "classify", "Single-text classification (or regression)",
+        "One result per input, in input order: `{label, score, truncated}`; with `top_k` the ranked list.",
+        request="ClassifyRequest", response="ClassifyResponse",
+        examples=({"inputs": "A charming and often affecting journey."},
+                  {"inputs": ["Unflinchingly bleak and desperate.", "A gorgeous, witty, seductive movie."],
+                   "top_k": 2}),
+    ),)
     options = ClassifyOptions
+    pipeline_tasks = ("text-classification",)
     metric_examples = 1000
     parity_files = ("sst2/dev.tsv", "topics/dev.jsonl")
 
@@ -160,7 +170,15 @@ class PairTask(ClassificationTask):
     """Two texts -> a label (paraphrase, entailment) or a similarity score."""
 
     name = "pair"
-    route = "/v1/pair"
+    endpoints = (Endpoint(
+        "/v1/pair", "pair", "Sentence-pair classification or regression",
+        "`{label, score, truncated}` per pair (regression models: `{score, truncated}`).",
+        request="PairRequest", response="ClassifyResponse",
+        inputs_description="a {text, text_pair} object or a list of them",
+        input_object="TextPair", fields=(InputField("text"), InputField("text_pair")),
+        examples=({"inputs": {"text": "The cat sat on the mat.",
+                              "text_pair": "A cat was sitting on a mat."}},),
+    ),)
     input_fields = ("text", "text_pair")
     parity_files = ("mrpc/dev.tsv", "stsb/dev.jsonl")
 

@@ -4,16 +4,34 @@ numerics over logits. It imports no task module, so any of them (and the service
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from typing import ClassVar
 
 import numpy as np
 from tokenizers import Tokenizer
 
 from tasks.tokenizer import EncodedInput, encode_many
 
+OFFSETS_NOTE = ("Offsets are Python str indices (code points) into the caller's original string, end "
+                "exclusive: text[start:end] is the span's text.")
+
+
 # -- the input errors -------------------------------------------------------------------------------------
 
 
-class InputTooLong(ValueError):
+class Refusal(ValueError):
+    """An input or an option the task refuses, whose message names it; `http_status` is what a web service
+    answers it with (422: not what the task takes; 413: more than it takes)."""
+
+    http_status: ClassVar[int] = 422
+
+
+class TooLarge(Refusal):
+    """More than the task or a limit takes (tokens, choices, masks)."""
+
+    http_status: ClassVar[int] = 413
+
+
+class InputTooLong(TooLarge):
     """An input has more tokens than the model takes and truncation was not allowed (HTTP 413)."""
 
     def __init__(self, num_tokens: int, max_length: int):

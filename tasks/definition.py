@@ -12,6 +12,11 @@ fine-tuning and the parity gate all go through it, so what is evaluated is what 
 
 Each task module (`tasks/ner.py`, `tasks/qa.py`, ...) defines its own and `tasks/registry.py` lists
 them: adding a task is one module here plus its head in `training/model.py`.
+
+How a task is served over HTTP is data here too (`Endpoint`: paths, request and response shapes, the inputs'
+fields) and hooks that refuse what the task cannot take (`check_options`, `check_input`, `check_prepared`,
+raising `tasks.common.Refusal`s that carry their HTTP status): the service builds its routes, request models
+and adapters from them, so no task's name means anything outside the task layer.
 """
 
 from __future__ import annotations
@@ -43,6 +48,51 @@ class Prepared:
     truncated: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class InputField:
+    """A field of an input object: one text, or a list of texts (`many`)."""
+
+    name: str
+    many: bool = False
+    description: str | None = None  # shown in the request schema
+
+
+# How an endpoint's request carries its inputs, and which service adapter runs it:
+# - "inputs": `{"model", "inputs": one input or a list, **options}`, answered `{"model", "results"}`;
+# - "similarity": as "inputs" with {source, targets} objects, each text embedded and the targets compared with
+#   the source (cosines);
+# - "openai": OpenAI's embeddings request and response (`input`: texts or token ids);
+# - "ranking": a query and its documents (fields `query`, `documents`) at the request's root, answered in
+#   Cohere's rerank shape.
+ENDPOINT_KINDS = ("inputs", "similarity", "openai", "ranking")
+
+
+@dataclass(frozen=True, slots=True, eq=False)  # compared (and hashed) by identity: one object per endpoint
+class Endpoint:
+    """An HTTP route serving a task, as data: the service turns it into the route, its request model (the
+    options, a `model` name and the inputs) and its adapter. An input is a text unless `fields` are given."""
+
+    path: str
+    name: str  # the operation's name (its OpenAPI operationId starts with it)
+    summary: str
+    description: str
+    request: str  # the request schema's name
+    response: str  # the name of the service's response schema the answer is checked against
+    kind: str = "inputs"  # one of ENDPOINT_KINDS
+    inputs_description: str = "a text or a list of texts"
+    input_object: str | None = None  # the schema name of an input object (with `fields`)
+    fields: tuple[InputField, ...] = ()
+    options: type[BaseModel] | None = None  # the request options; None: the task's own
+    examples: tuple[dict[str, Any], ...] = ()
+    also_at: tuple[str, ...] = ()  # other paths of the same endpoint
+    max_texts: int | None = None  # "similarity", "ranking": the most texts of an input's list (more: 413)
+
+    def describe(self) -> dict[str, Any]:
+        """The endpoint for a client (the model listing): its path, kind, input fields and response schema."""
+        return {"path": self.path, "kind": self.kind, "response": self.response,
+                "fields": [{"name": f.name, "many": f.many} for f in self.fields]}
+
+
 class NoOptions(BaseModel):
     """Request options of a task that has none (besides its inputs)."""
 
@@ -55,13 +105,26 @@ class TaskDefinition:
     output_names: ClassVar[tuple[str, ...]]
     per_token: ClassVar[bool] = False  # outputs (B, T, ...) trimmed per item to its tokens
     token_outputs: ClassVar[tuple[str, ...]] = ()  # outputs with a row per token although per_token is False
-    route: ClassVar[str | None] = None  # the /v1 route that serves it; None: not served
-    options: ClassVar[type[BaseModel]] = NoOptions  # the route's request options and their defaults
+    endpoints: ClassVar[tuple[Endpoint, ...]] = ()  # its HTTP routes, its own first; (): not served
+    options: ClassVar[type[BaseModel]] = NoOptions  # the request options and their defaults
+    answers_can_be_impossible: ClassVar[bool] = False  # a model may answer "no answer" (SQuAD v2.0-trained)
+    pipeline_tasks: ClassVar[tuple[str, ...]] = ()  # what Hugging Face calls what its models do
     input_fields: ClassVar[tuple[str, ...]] = ()  # one input is an object with these fields; () a text
     data_format: ClassVar[str | None] = None  # the data file format `--format auto` means; None: sniffed
     parity_examples: ClassVar[int] = 256  # examples of the parity gate's default dev slice
     metric_examples: ClassVar[int | None] = None  # dev examples of the parity metric gate; None: no metric
     agreement: ClassVar[str] = "same predicted label(s)"  # what parity_answer compares, for the report
+    # Fine-tuning (training/): what `berth finetune --task <name>` looks up.
+    training_adapter: ClassVar[str | None] = None  # its data adapter class in training/task_data.py; None: none
+    finetune_max_seq_length: ClassVar[int] = 128  # fine-tuning's default tokens per sequence
+    finetune_doc_stride: ClassVar[int | None] = None  # default overlap of windows; None: a quarter of the length
+    pools: ClassVar[bool] = False  # its head pools the sequence into one vector (fine-tuning's --pooling applies)
+    feature_based_head: ClassVar[str | None] = None  # the head class of the paper's feature-based approach, if any
+
+    @property
+    def route(self) -> str | None:
+        """The path of the task's own route; None: not served."""
+        return self.endpoints[0].path if self.endpoints else None
 
     def is_token_output(self, name: str) -> bool:
         """Does output `name` have a row per token (padding rows to leave out of comparisons)?"""
@@ -111,6 +174,18 @@ class TaskDefinition:
             except ValueError as error:
                 raise InputFailed(index, error) from error
         return prepared
+
+    # -- serving: what the task refuses before any inference (`Refusal`s naming the input or option) -------
+
+    def check_options(self, options: Any, limits: Any) -> None:
+        """Request options beyond a serving limit (`limits`: the service's settings); nothing by default."""
+
+    def check_input(self, bundle: Any, raw: Any, options: Any, index: int) -> None:
+        """What the task refuses in input `index` before it is tokenized (`bundle`: the served model's
+        `tasks.bundle.Bundle`); nothing by default."""
+
+    def check_prepared(self, spec: TaskSpec, prepared: Sequence[Prepared], options: Any, limits: Any) -> None:
+        """What the task refuses once the inputs are tokenized; nothing by default."""
 
     def keep(self, tokenizer: Tokenizer, spec: TaskSpec, options: Any) -> Keep:
         """What each item keeps of its forward pass for `decode` with these options (the service runs it in the

@@ -18,8 +18,8 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from tasks import readers
-from tasks.common import encode_classification_many
-from tasks.definition import Prepared, TaskDefinition
+from tasks.common import OFFSETS_NOTE, Refusal, TooLarge, encode_classification_many
+from tasks.definition import Endpoint, InputField, Prepared, TaskDefinition
 from tasks.inference import Keep
 from tasks.tokenizer import EncodedInput, truncation
 
@@ -119,9 +119,14 @@ def token_features(encoded: EncodedInput, tokens: Sequence[str], features: np.nd
 JSON_FLOAT_BYTES = 24
 
 
+TRUNCATE = ("cut texts (or text pairs, the longer first) longer than the model's max_seq_length, and say "
+            "\"truncated\": true; false: refuse them with 413")
+MAX_TOKEN_OUTPUT_INPUTS = 16  # inputs of a request with "output": "tokens" (up to ~4 MB of JSON per input)
+MAX_TARGETS = 256  # texts compared with one source (similarity)
+
+
 class EmbedOptions(BaseModel):
-    truncate: bool = Field(True, description="cut texts (or text pairs, the longer first) longer than the model's "
-                                             "max_seq_length, and say \"truncated\": true; false: refuse them with 413")
+    truncate: bool = Field(True, description=TRUNCATE)
     normalize: bool | None = Field(None, description="L2-normalize sentence vectors; default: as the source model "
                                                      "does (sentence-transformers' Normalize module; true for the "
                                                      "default embeddings model)")
@@ -132,6 +137,43 @@ class EmbedOptions(BaseModel):
                               description="tokens output: hidden layers to concatenate, e.g. [-1, -2, -3, -4] (the "
                                           "paper's best feature-based setting); 0 is the embedding layer")
 
+
+class SimilarityOptions(BaseModel):
+    truncate: bool = Field(True, description=TRUNCATE)
+
+
+EMBED = Endpoint(
+    "/v1/embed", "embed", "Sentence embeddings, or token vectors with offsets",
+    "`{embedding, truncated}` per input (pooled as the model was trained; L2-normalized by default); with "
+    "`\"output\": \"tokens\"` `{tokens: [{token, start, end, embedding}], truncated}`, the `layers` "
+    "concatenated. "
+    + OFFSETS_NOTE,
+    request="EmbedRequest", response="EmbedResponse",
+    examples=({"inputs": ["A man is playing a guitar.", "Someone plays an instrument."]},
+              {"inputs": "Tim Cook visited Berlin.", "output": "tokens", "layers": [-1, -2, -3, -4]}),
+)
+OPENAI_EMBEDDINGS = Endpoint(
+    "/v1/embeddings", "openai_embeddings", "OpenAI-compatible embeddings",
+    "OpenAI's shape: "
+    "`{object: list, data: [{object: embedding, index, embedding, truncated, truncated_tokens}],\n"
+    "model, usage}`; unit vectors; `encoding_format` float or base64 (little-endian float32). An input "
+    "longer than\n"
+    "the model takes is a 400 naming it (as OpenAI), unless `\"truncate\": true`. Errors keep berth's shape.",
+    request="EmbeddingsRequest", response="EmbeddingsResponse", kind="openai",
+)
+SIMILARITY = Endpoint(
+    "/v1/similarity", "similarity", "Cosine similarity of a source with targets",
+    "Per input, the cosine of `source` with each of `targets`, from the same embeddings as /v1/embed; "
+    "beside the\n"
+    "results, `truncated_tokens` per input (the source's, then each target's).",
+    request="SimilarityRequest", response="SimilarityResponse", kind="similarity",
+    inputs_description="a {source, targets} object or a list", input_object="SimilarityInput",
+    fields=(InputField("source"),
+            InputField("targets", many=True, description=f"1 to {MAX_TARGETS} texts compared with source")),
+    options=SimilarityOptions, max_texts=MAX_TARGETS,
+    examples=({"inputs": {"source": "A man is playing a guitar.",
+                          "targets": ["Someone plays an instrument.", "A chef is cooking pasta."]}},),
+)
 
 EMBEDDING_MIN_COSINE = 0.99  # fp16/int8 embeddings agree when their cosine with PyTorch's is at least this
 
@@ -144,8 +186,9 @@ class EmbeddingTask(TaskDefinition):
     head_class = "BertForSentenceEmbedding"
     output_names = ("sentence_embedding", "hidden_states")  # (B, H) pooled; (B, T, L + 1, H) every layer
     token_outputs = ("hidden_states",)
-    route = "/v1/embed"
+    endpoints = (EMBED, OPENAI_EMBEDDINGS, SIMILARITY)
     options = EmbedOptions
+    pipeline_tasks = ("feature-extraction", "sentence-similarity")
     agreement = f"sentence embedding cosine with PyTorch's >= {EMBEDDING_MIN_COSINE}"
     parity_files = ("sst2/dev.tsv", "topics/dev.jsonl")
 
@@ -159,6 +202,18 @@ class EmbeddingTask(TaskDefinition):
 
     def head_overrides(self, spec):
         return {**super().head_overrides(spec), "pooling_mode": spec.extra.get("pooling", "mean")}
+
+    def check_input(self, bundle, raw, options, index) -> None:
+        if options.output == "tokens":
+            if index >= MAX_TOKEN_OUTPUT_INPUTS:
+                raise TooLarge(f"inputs: \"output\": \"tokens\" takes at most {MAX_TOKEN_OUTPUT_INPUTS} "
+                               "inputs per request")
+            try:
+                check_layers(options.layers, int(bundle.encoder_config.get("num_hidden_layers", 0)))
+            except ValueError as error:
+                raise Refusal(f"layers: {error}") from None
+        elif options.layers != [-1]:
+            raise Refusal("layers: only with \"output\": \"tokens\" (sentence vectors pool the last layer)")
 
     def prepare_many(self, tokenizer, spec, inputs: Sequence[str], options) -> list[Prepared]:
         encoded = encode_classification_many(tokenizer, inputs, None, max_length=spec.max_seq_length,

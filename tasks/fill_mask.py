@@ -19,8 +19,8 @@ from pydantic import BaseModel, Field
 from tokenizers import Tokenizer
 
 from tasks import readers
-from tasks.common import InputFailed, InputTooLong, margin, softmax
-from tasks.definition import Prepared, TaskDefinition
+from tasks.common import InputFailed, InputTooLong, Refusal, TooLarge, margin, softmax
+from tasks.definition import Endpoint, Prepared, TaskDefinition
 from tasks.inference import Keep
 from tasks.tokenizer import MASK, PAD, EncodedInput
 
@@ -78,8 +78,8 @@ class FillMaskOptions(BaseModel):
     top_k: int = Field(5, ge=1, le=100, description="candidate tokens per [MASK]")
 
 
-class NoMask(ValueError):
-    """An input without a [MASK] token."""
+class NoMask(Refusal):
+    """An input without a [MASK] token (HTTP 422)."""
 
 
 class FillMaskTask(TaskDefinition):
@@ -89,8 +89,16 @@ class FillMaskTask(TaskDefinition):
     head_class = "BertForMaskedLM"
     output_names = ("logits",)
     per_token = True
-    route = "/v1/fill-mask"
+    endpoints = (Endpoint(
+        "/v1/fill-mask", "fill_mask", "Top-k tokens for each [MASK]",
+        "`[{score, token, token_str, sequence}]` per input (a list per [MASK] when there are several), as\n"
+        "transformers' fill-mask pipeline. 422 when an input has no [MASK].",
+        request="FillMaskRequest", response="FillMaskResponse",
+        inputs_description="a text or a list of texts, each with at least one [MASK]",
+        examples=({"inputs": "Paris is the [MASK] of France.", "top_k": 3},),
+    ),)
     options = FillMaskOptions
+    pipeline_tasks = ("fill-mask",)
     parity_examples = 128
     agreement = "same top-1 token at the [MASK] position"
     parity_files = ("sst2/dev.tsv", "topics/dev.jsonl")
@@ -111,6 +119,13 @@ class FillMaskTask(TaskDefinition):
             sequence_bytes = len(tokenizer.decode(encoded.input_ids, skip_special_tokens=False).encode("utf-8"))
             prepared.append(Prepared([encoded], (encoded, positions, sequence_bytes)))
         return prepared
+
+    def check_prepared(self, spec, prepared, options, limits) -> None:
+        for index, p in enumerate(prepared):
+            masks = len(p.state[1])
+            if masks > limits.max_masks_per_input:
+                raise TooLarge(f"inputs[{index}]: {masks} [MASK] tokens; the limit is "
+                               f"{limits.max_masks_per_input} per input (max_masks_per_input)")
 
     def keep(self, tokenizer, spec, options) -> Keep:
         """Only each [MASK]'s top k, reduced where the pass ran: never 30,522 logits per token."""

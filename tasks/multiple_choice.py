@@ -25,8 +25,15 @@ from pydantic import BaseModel, Field
 from tokenizers import Tokenizer
 
 from tasks import readers
-from tasks.common import InputFailed, encode_classification, encode_classification_many, softmax
-from tasks.definition import Prepared, TaskDefinition
+from tasks.common import (
+    InputFailed,
+    Refusal,
+    TooLarge,
+    encode_classification,
+    encode_classification_many,
+    softmax,
+)
+from tasks.definition import Endpoint, InputField, Prepared, TaskDefinition
 from tasks.tokenizer import EncodedInput, truncation
 
 SWAG_ENDINGS = ("ending0", "ending1", "ending2", "ending3")
@@ -97,6 +104,9 @@ def accuracy(predicted: Sequence[int], gold: Sequence[int]) -> float:
     return sum(int(p == g) for p, g in zip(predicted, gold)) / len(gold)
 
 
+MAX_CHOICES = 64  # choices of one served input
+
+
 class ChoiceOptions(BaseModel):
     truncate: bool = Field(True, description="cut texts (or text pairs, the longer first) longer than the model's "
                                              "max_seq_length, and say \"truncated\": true; false: refuse them with 413")
@@ -107,12 +117,32 @@ class MultipleChoiceTask(TaskDefinition):
 
     name = "multiple-choice"
     head_class = "BertForMultipleChoice"
+    training_adapter = "MultipleChoiceAdapter"
     output_names = ("logits",)  # (B, 1): one score per choice item
-    route = "/v1/choice"
+    endpoints = (Endpoint(
+        "/v1/choice", "choice", "Multiple choice: rank the choices for a context",
+        "Per input, its choices `{index, choice, score, truncated}`, most probable first (softmax over "
+        "them).",
+        request="ChoiceRequest", response="ChoiceResponse",
+        inputs_description="a {context, choices} object or a list of them",
+        input_object="ChoiceInput",
+        fields=(InputField("context"),
+                InputField("choices", many=True,
+                           description=f"2 to {MAX_CHOICES} candidate continuations or answers")),
+        examples=({"inputs": {"context": "She opened the umbrella because",
+                              "choices": ["it started to rain.", "the soup was cold.", "the train left."]}},),
+    ),)
     options = ChoiceOptions
     input_fields = ("context", "choices")
     parity_files = ("mrpc/dev.tsv", "stsb/dev.jsonl")
     agreement = "choice score within the regression tolerance"
+
+    def check_input(self, bundle, raw, options, index) -> None:
+        if len(raw.choices) < 2:
+            raise Refusal(f"inputs[{index}].choices: {len(raw.choices)} given; a multiple-choice input "
+                          "needs at least 2")
+        if len(raw.choices) > MAX_CHOICES:
+            raise TooLarge(f"inputs[{index}].choices: {len(raw.choices)} given; the limit is {MAX_CHOICES}")
 
     def texts(self, raw: Any) -> list[tuple[str, str]]:
         return [("context", raw.context)] + [(f"choices[{i}]", c) for i, c in enumerate(raw.choices)]

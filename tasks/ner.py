@@ -27,8 +27,8 @@ from pydantic import BaseModel, Field
 from tokenizers import Tokenizer
 
 from tasks import readers
-from tasks.common import LabelSet, margin, softmax
-from tasks.definition import Prepared, TaskDefinition
+from tasks.common import OFFSETS_NOTE, LabelSet, margin, softmax
+from tasks.definition import Endpoint, Prepared, TaskDefinition
 from tasks.graphemes import extend_end
 from tasks.ner_metrics import OUTSIDE, split_tag
 from tasks.tokenizer import CLS, SEP, UNK, EncodedInput, encode
@@ -492,10 +492,21 @@ class NERTask(TaskDefinition):
 
     name = "ner"
     head_class = "BertForTokenClassification"
+    training_adapter = "NERAdapter"
+    feature_based_head = "BertFeatureBasedTokenClassification"
     output_names = ("logits",)
     per_token = True
-    route = "/v1/ner"
+    endpoints = (Endpoint(
+        "/v1/ner", "named_entities", "Named entities with character offsets",
+        "A list of `{entity, text, start, end, score}` per input. " + OFFSETS_NOTE,
+        request="NERRequest", response="NERResponse",
+        inputs_description="a text or a list of texts, of any length up to the character limit: long texts "
+                           "are "
+                           "read in overlapping windows",
+        examples=({"inputs": "Peter Blackburn met officials of the World Health Organization in Geneva."},),
+    ),)
     options = NEROptions
+    pipeline_tasks = ("token-classification",)
     data_format = "conll"
     parity_examples = 128
     metric_examples = 1000

@@ -33,7 +33,8 @@ from numpy.lib.stride_tricks import sliding_window_view
 from pydantic import BaseModel, Field
 from tokenizers import Tokenizer
 
-from tasks.definition import Prepared, TaskDefinition
+from tasks.common import OFFSETS_NOTE, Refusal, TooLarge
+from tasks.definition import Endpoint, InputField, Prepared, TaskDefinition
 from tasks.graphemes import extend_end
 from tasks.tokenizer import CLS, SEP
 
@@ -448,16 +449,44 @@ class QATask(TaskDefinition):
 
     name = "qa"
     head_class = "BertForQuestionAnswering"
+    training_adapter = "QAAdapter"
+    finetune_max_seq_length = 384  # a question and a window of its context
+    finetune_doc_stride = 128  # context tokens two consecutive windows share
     output_names = ("start_logits", "end_logits")
     per_token = True
-    route = "/v1/qa"
+    endpoints = (Endpoint(
+        "/v1/qa", "question_answering", "Extractive question answering over contexts of any length",
+        "`{answer, start, end, score, is_impossible}` per question (a ranked list with top_k > 1), the best "
+        "over "
+        "all windows of the context. " + OFFSETS_NOTE,
+        request="QARequest", response="QAResponse",
+        inputs_description="a {question, context} object or a list of them; long contexts are read in "
+                           "overlapping windows",
+        input_object="QAInput", fields=(InputField("question"), InputField("context")),
+        examples=({"inputs": {"question": "Where is Normandy?",
+                              "context": "The Normans gave their name to Normandy, a region in France."}},),
+    ),)
+    answers_can_be_impossible = True
     options = QAOptions
+    pipeline_tasks = ("question-answering",)
     input_fields = ("question", "context")
     data_format = "squad"
     parity_examples = 100
     metric_examples = 1000
     agreement = "same best answer span (start, end, no-answer) over all windows, per question"
     parity_files = ("squad/v1.1/dev-v1.1.json", "squad/dev.json")
+
+    def check_options(self, options, limits) -> None:
+        if options.max_answer_length > limits.max_answer_length_cap:
+            raise Refusal(f"max_answer_length: {options.max_answer_length} tokens; the limit is "
+                          f"{limits.max_answer_length_cap} (max_answer_length_cap)")
+
+    def check_prepared(self, spec, prepared, options, limits) -> None:
+        """A question longer than the model's max_query_length would be cut: refused instead, never cut
+        silently."""
+        for index, p in enumerate(prepared):
+            if too_long := question_too_long(spec, p):
+                raise TooLarge(f"inputs[{index}].question: {too_long}; shorten the question")
 
     def prepare(self, tokenizer, spec, raw, options) -> Prepared:
         windows = make_windows(tokenizer, raw.question, raw.context, spec.max_seq_length, spec.doc_stride,

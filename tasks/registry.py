@@ -10,7 +10,7 @@ from tasks import classification, embedding, fill_mask, multiple_choice, ner, qa
 from tasks.definition import TaskDefinition
 from tasks.spec import TaskSpec
 
-TASK_MODULES = (classification, ner, qa, fill_mask, embedding, multiple_choice, rerank)
+TASK_MODULES = (classification, ner, qa, embedding, fill_mask, multiple_choice, rerank)  # the order of the routes
 
 DEFINITIONS: dict[str, TaskDefinition] = {
     definition.name: definition for module in TASK_MODULES for definition in module.DEFINITIONS

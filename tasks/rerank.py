@@ -21,13 +21,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from tokenizers import Tokenizer
 
 from tasks.common import InputFailed, InputTooLong, margin, sigmoid
-from tasks.definition import Prepared, TaskDefinition
+from tasks.definition import Endpoint, InputField, Prepared, TaskDefinition
 from tasks.inference import Keep
 from tasks.qa import window_spans
 from tasks.tokenizer import CLS, SEP
 
 SPECIAL_TOKENS_PER_SEQUENCE = 3  # [CLS] query [SEP] document [SEP]
 MRR_CUTOFF = 10
+MAX_DOCUMENTS = 1_000  # documents of one served request (more: 413), Cohere's recommended most
 
 
 class RerankInput(BaseModel):
@@ -193,9 +194,37 @@ class RerankTask(TaskDefinition):
 
     name = "rerank"
     head_class = "BertForSequenceClassification"
+    training_adapter = "RerankAdapter"
+    pools = True
     output_names = ("logits",)  # (B, 1): one relevance logit per (query, document window)
-    route = "/v1/rerank"
+    endpoints = (Endpoint(
+        "/v1/rerank", "rerank", "Rerank documents for a query (Cohere v2 / Jina shape)",
+        "Cohere's v2 `{id, results: [{index, relevance_score, document?}], meta}` with Jina's `model` and "
+        "`usage`;\n"
+        "each result also says whether its document was `truncated` (cut to max_tokens_per_doc). The "
+        "documents most\n"
+        "relevant first; `top_n` the first n (more than the documents: all of them). A long document is "
+        "read in\n"
+        "overlapping windows and scored by its best one. Also served at /v2/rerank, the path of Cohere's v2 "
+        "client.",
+        request="RerankRequest", response="RerankResponse", kind="ranking",
+        fields=(InputField("query", description="the search query"),
+                InputField("documents", many=True,
+                           description=f"1 to {MAX_DOCUMENTS:,} texts (or {{\"text\"}} objects) "
+                           "ranked against the query; a long one is read in overlapping windows and scored "
+                           "by its best "
+                           "window")),
+        examples=({"model": "ranker", "query": "What is the capital of the United States?", "top_n": 2,
+                   "documents": ["Carson City is the capital city of the American state of Nevada.",
+                                 "Washington, D.C. is the capital of the United States.",
+                                 "Capital gains are profits from the sale of an asset."]},
+                  {"query": "Which city has the tallest tower?", "return_documents": True,
+                   "documents": [{"text": "Dubai's Burj Khalifa is 828 metres tall."},
+                                 "Paris has the Eiffel Tower."]}),
+        also_at=("/v2/rerank",), max_texts=MAX_DOCUMENTS,
+    ),)
     options = RerankOptions
+    pipeline_tasks = ("text-ranking",)
     input_fields = ("query", "documents")
     data_format = "squad"
     parity_examples = 32  # inputs of 8 documents: ~500 model inputs

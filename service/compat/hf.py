@@ -31,7 +31,6 @@ from fastapi import APIRouter, Request, Response
 from pydantic import ConfigDict, Field
 
 from service.compat.shared import (
-    SCORED_REQUESTS,
     Direction,
     ScoreFunction,
     Strict,
@@ -39,35 +38,21 @@ from service.compat.shared import (
     refuse_left_truncation,
     refuse_prompt_name,
     scored_labels,
+    scored_request,
+    takes_pairs,
     validated,
 )
 from service.errors import ErrorType, ServiceError
-from service.handlers import EmbedHandler, FillMaskHandler, QAHandler, SimilarityHandler, TaskHandler
+from service.handlers import TaskHandler, handler_for
 from service.inference import infer
 from service.runtime import Runtime
-from service.schemas import (
-    EmbedRequest,
-    FillMaskRequest,
-    NERRequest,
-    QARequest,
-    SimilarityRequest,
-)
 from tasks.bundle import Bundle
 from tasks.ner import window_overlap
-from tasks.registry import DEFINITIONS, definition
+from tasks.registry import definition
 
 ROUTE = "/models/{name}"
 hf = APIRouter(tags=["Hugging Face Inference API"])
 
-# The tasks a model of each berth task serves here, by the Hugging Face names (the first is the default).
-HF_TASKS: dict[str, tuple[str, ...]] = {
-    "embedding": ("feature-extraction", "sentence-similarity"),
-    "classification": ("text-classification",),
-    "pair": ("text-classification",),
-    "ner": ("token-classification",),
-    "qa": ("question-answering",),
-    "fill-mask": ("fill-mask",),
-}
 
 
 # -- the bodies, as huggingface_hub sends them ------------------------------------------------------------------
@@ -183,12 +168,11 @@ class FillMask(Strict):
 Shape = Callable[[str, list[Any]], Any]
 Translation = tuple[TaskHandler, Any, Shape]
 
-FEATURES = EmbedHandler(DEFINITIONS["embedding"], ROUTE)
-SIMILARITY = SimilarityHandler(DEFINITIONS["embedding"], ROUTE)
-LABELS = scored_labels(ROUTE)
-ENTITIES = TaskHandler(DEFINITIONS["ner"], ROUTE)
-ANSWERS = QAHandler(DEFINITIONS["qa"], ROUTE)
-FILLS = FillMaskHandler(DEFINITIONS["fill-mask"], ROUTE)
+
+
+def own(bundle: Bundle, kind: str = "inputs") -> TaskHandler:
+    """The adapter of the bundle's task's endpoint of `kind`, served here."""
+    return handler_for(bundle.task, kind, ROUTE)
 
 
 def _unless_bundle(value: int | None, fixed: int, where: str) -> None:
@@ -202,11 +186,12 @@ def feature_extraction(name: str, bundle: Bundle, value: Any) -> Translation:
     refuse_prompt_name(p.prompt_name)
     refuse_left_truncation(p.truncation_direction, p.truncate)
     _unless_bundle(p.dimensions, int(bundle.encoder_config.get("hidden_size", 0)), "dimensions")
-    berth = validated(EmbedRequest, {"model": name, "inputs": body.inputs, "normalize": p.normalize,
-                                     "truncate": bool(p.truncate)})
+    features = own(bundle)
+    berth = validated(features.request_model, {"model": name, "inputs": body.inputs, "normalize": p.normalize,
+                                               "truncate": bool(p.truncate)})
     if isinstance(body.inputs, str):
-        return FEATURES, berth, lambda _, results: results[0]["embedding"]
-    return FEATURES, berth, lambda _, results: [r["embedding"] for r in results]
+        return features, berth, lambda _, results: results[0]["embedding"]
+    return features, berth, lambda _, results: [r["embedding"] for r in results]
 
 
 def sentence_similarity(name: str, bundle: Bundle, value: Any) -> Translation:
@@ -214,26 +199,27 @@ def sentence_similarity(name: str, bundle: Bundle, value: Any) -> Translation:
     p = body.parameters or SimilarityParameters()
     refuse_prompt_name(p.prompt_name, "parameters.prompt_name")
     refuse_left_truncation(p.truncation_direction, p.truncate, "parameters.truncation_direction")
-    berth = validated(SimilarityRequest, {"model": name, "truncate": bool(p.truncate), "inputs": {
+    similarity = own(bundle, "similarity")
+    berth = validated(similarity.request_model, {"model": name, "truncate": bool(p.truncate), "inputs": {
         "source": body.inputs.source_sentence, "targets": body.inputs.sentences}})
-    return SIMILARITY, berth, lambda _, results: results[0]["scores"]
+    return similarity, berth, lambda _, results: results[0]["scores"]
 
 
 def text_classification(name: str, bundle: Bundle, value: Any) -> Translation:
     body = validated(TextClassification, value)
     p = body.parameters or ClassifyParameters()
     inputs = body.inputs if isinstance(body.inputs, list) else [body.inputs]
-    pairs = bundle.task == "pair"
+    pairs = takes_pairs(bundle.task)
     for index, raw in enumerate(inputs):
         if isinstance(raw, TextPair) != pairs:
             where = f"inputs[{index}]" if isinstance(body.inputs, list) else "inputs"
             wanted = ("is a sentence-pair model; send {\"text\", \"text_pair\"}" if pairs
                       else "classifies single texts; send a string, not a {\"text\", \"text_pair\"} pair")
             raise ServiceError(ErrorType.VALIDATION, f"{where}: model {name!r} {wanted}")
-    berth = validated(SCORED_REQUESTS[bundle.task], {
+    berth = validated(scored_request(bundle.task), {
         "model": name, "inputs": [raw.model_dump() if pairs else raw for raw in inputs], "top_k": p.top_k,
         "truncate": bool(p.truncate), "function": p.function_to_apply})
-    return LABELS[bundle.task], berth, lambda _, results: results
+    return scored_labels(bundle.task, ROUTE), berth, lambda _, results: results
 
 
 def token_classification(name: str, bundle: Bundle, value: Any) -> Translation:
@@ -242,7 +228,9 @@ def token_classification(name: str, bundle: Bundle, value: Any) -> Translation:
     spec = bundle.spec()
     _unless_bundle(p.stride, window_overlap(spec.max_seq_length, spec.doc_stride), "parameters.stride")
     aggregation = p.aggregation_strategy or "simple"
-    berth = validated(NERRequest, {"model": name, "inputs": body.inputs, "aggregation": aggregation})
+    entities_of = own(bundle)
+    berth = validated(entities_of.request_model,
+                      {"model": name, "inputs": body.inputs, "aggregation": aggregation})
     ignored = set(p.ignore_labels or ())
     key = "entity" if aggregation == "none" else "entity_group"
 
@@ -251,8 +239,8 @@ def token_classification(name: str, bundle: Bundle, value: Any) -> Translation:
                 for e in found if e["entity"] not in ignored]
 
     if isinstance(body.inputs, str):
-        return ENTITIES, berth, lambda _, results: entities(results[0])
-    return ENTITIES, berth, lambda _, results: [entities(found) for found in results]
+        return entities_of, berth, lambda _, results: entities(results[0])
+    return entities_of, berth, lambda _, results: [entities(found) for found in results]
 
 
 def question_answering(name: str, bundle: Bundle, value: Any) -> Translation:
@@ -267,8 +255,9 @@ def question_answering(name: str, bundle: Bundle, value: Any) -> Translation:
                            "token spans mapped to the characters of the context")
     options = {"top_k": p.top_k, "max_answer_length": p.max_answer_len, "handle_impossible": p.handle_impossible_answer}
     inputs = [q.model_dump() for q in body.inputs] if isinstance(body.inputs, list) else body.inputs.model_dump()
-    berth = validated(QARequest, {"model": name, "inputs": inputs,
-                                  **{k: v for k, v in options.items() if v is not None}})
+    answers = own(bundle)
+    berth = validated(answers.request_model, {"model": name, "inputs": inputs,
+                                              **{k: v for k, v in options.items() if v is not None}})
 
     def answer(result: dict[str, Any]) -> dict[str, Any]:
         return {"answer": result["answer"], "score": result["score"], "start": result["start"], "end": result["end"]}
@@ -277,8 +266,8 @@ def question_answering(name: str, bundle: Bundle, value: Any) -> Translation:
         return [answer(a) for a in result] if isinstance(result, list) else answer(result)
 
     if isinstance(body.inputs, list):
-        return ANSWERS, berth, lambda _, results: [shaped(r) for r in results]
-    return ANSWERS, berth, lambda _, results: shaped(results[0])
+        return answers, berth, lambda _, results: [shaped(r) for r in results]
+    return answers, berth, lambda _, results: shaped(results[0])
 
 
 def fill_mask(name: str, bundle: Bundle, value: Any) -> Translation:
@@ -287,11 +276,12 @@ def fill_mask(name: str, bundle: Bundle, value: Any) -> Translation:
     if p.targets is not None:
         raise ServiceError(ErrorType.VALIDATION, "parameters.targets: not supported; the answer is the top_k tokens "
                            "of the whole vocabulary")
-    berth = validated(FillMaskRequest, {"model": name, "inputs": body.inputs,
-                                        **({"top_k": p.top_k} if p.top_k is not None else {})})
+    fills = own(bundle)
+    berth = validated(fills.request_model, {"model": name, "inputs": body.inputs,
+                                            **({"top_k": p.top_k} if p.top_k is not None else {})})
     if isinstance(body.inputs, str):
-        return FILLS, berth, lambda _, results: results[0]
-    return FILLS, berth, lambda _, results: results
+        return fills, berth, lambda _, results: results[0]
+    return fills, berth, lambda _, results: results
 
 
 TRANSLATIONS: dict[str, Callable[[str, Bundle, Any], Translation]] = {
@@ -310,7 +300,7 @@ TRANSLATIONS: dict[str, Callable[[str, Bundle, Any], Translation]] = {
 def served_task(name: str, bundle: Bundle, value: Any, asked: str | None) -> str:
     """The Hugging Face task of this request: the one asked for in the path, else the model's (an embedding
     model's by the input's shape); 422 when the model does not serve it."""
-    tasks = HF_TASKS.get(bundle.task, ())
+    tasks = [task for task in definition(bundle.task).pipeline_tasks if task in TRANSLATIONS]
     if not tasks:
         route = definition(bundle.task).route
         raise ServiceError(ErrorType.VALIDATION, f"model {name!r} is a {bundle.task} model, which the Hugging Face "
@@ -321,7 +311,7 @@ def served_task(name: str, bundle: Bundle, value: Any, asked: str | None) -> str
         if shaped is not None and shaped not in tasks:
             raise ServiceError(ErrorType.VALIDATION, f"model {name!r} is a {bundle.task} model ({' and '.join(tasks)}); "
                                f"these inputs are {shaped}'s")
-        if shaped is None and bundle.task == "embedding" and isinstance(inputs, dict):
+        if shaped is None and "sentence-similarity" in tasks and isinstance(inputs, dict):
             shaped = "sentence-similarity"  # so that a malformed one is told what sentence-similarity takes
         return shaped or tasks[0]
     if asked not in tasks:

@@ -4,6 +4,7 @@ scored the way the caller asks (softmax, sigmoid or raw logits), every label ran
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any, Literal
 
@@ -13,11 +14,11 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from service.errors import ErrorType, ServiceError
-from service.handlers import TaskHandler
-from service.schemas import ClassifyRequest, PairRequest
+from service.handlers import TaskHandler, handler_for
+from service.requests import request_model
 from tasks.classification import REGRESSION, SINGLE_LABEL, resolve_problem_type
 from tasks.common import sigmoid, softmax
-from tasks.registry import DEFINITIONS
+from tasks.registry import DEFINITIONS, definition
 
 Direction = Literal["left", "right", "Left", "Right"]  # huggingface_hub sends lowercase, TEI's schema names Right
 ScoreFunction = Literal["softmax", "sigmoid", "none"]
@@ -66,14 +67,6 @@ def refuse_left_truncation(direction: str | None, truncate: bool | None,
                            "its end (right)")
 
 
-class ScoredClassifyRequest(ClassifyRequest):
-    function: ScoreFunction | None = None  # None: the model's own (softmax, sigmoid, or none for regression)
-
-
-class ScoredPairRequest(PairRequest):
-    function: ScoreFunction | None = None
-
-
 class ScoredLabelsHandler(TaskHandler):
     """Per input, every label (or the `top_k` best) ranked by score, highest first: `[{label, score}]`. By default
     the scores are /v1/classify's (the same function of the same logits: softmax for a single-label model,
@@ -93,9 +86,27 @@ class ScoredLabelsHandler(TaskHandler):
         return [[{"label": names[j], "score": float(scores[i, j])} for j in row] for i, row in enumerate(ranked)]
 
 
-def scored_labels(route: str) -> dict[str, ScoredLabelsHandler]:
-    """The handlers of `route` for classification and pair models."""
-    return {task: ScoredLabelsHandler(DEFINITIONS[task], route) for task in ("classification", "pair")}
+def takes_pairs(task: str) -> bool:
+    """Is one input of `task` a {text, text_pair} pair (else a text)?"""
+    return definition(task).input_fields == ("text", "text_pair")
 
 
-SCORED_REQUESTS: dict[str, type[BaseModel]] = {"classification": ScoredClassifyRequest, "pair": ScoredPairRequest}
+def tasks_doing(pipeline_task: str) -> tuple[str, ...]:
+    """The berth tasks whose models do what Hugging Face calls `pipeline_task`, in the registry's order."""
+    return tuple(name for name, task in DEFINITIONS.items() if pipeline_task in task.pipeline_tasks)
+
+
+@functools.cache
+def scored_labels(task: str, route: str) -> ScoredLabelsHandler:
+    """The adapter at `route` that scores every label of a `task` model (its request takes `function` too)."""
+    own = handler_for(task, "inputs", route)
+    return ScoredLabelsHandler(own.definition, own.endpoint, route)
+
+
+@functools.cache
+def scored_request(task: str) -> type[BaseModel]:
+    """The request of `task`'s own route with `function`: None, the model's own (softmax, sigmoid, or none for
+    regression)."""
+    own = request_model(definition(task), definition(task).endpoints[0])
+    return type(f"Scored{own.__name__}", (own,), {"__module__": __name__, "function": None,
+                                                   "__annotations__": {"function": ScoreFunction | None}})

@@ -18,6 +18,7 @@ bundles carry no prompts), and so is `truncation_direction: left` with `truncate
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,20 +31,21 @@ from pydantic import BaseModel, Field, field_validator
 from service import token_ids
 from service.compat.errors import as_tei
 from service.compat.shared import (
-    SCORED_REQUESTS,
     Direction,
     Strict,
     refuse_left_truncation,
     refuse_prompt_name,
     scored_labels,
+    scored_request,
+    takes_pairs,
+    tasks_doing,
     validated,
 )
 from service.errors import ErrorType, ServiceError, response_for
-from service.handlers import HANDLERS, EmbedHandler, RerankHandler, refusal
+from service.handlers import RankingHandler, TaskHandler, handler_for
 from service.inference import check_inputs, check_response, infer
 from service.models import ServedModel
 from service.runtime import Runtime
-from service.schemas import EmbedRequest, RerankRequest
 from service.token_ids import TokenIds, as_inputs
 from tasks.common import InputFailed, sigmoid
 from tasks.definition import Prepared
@@ -71,10 +73,11 @@ tei = APIRouter(tags=["text-embeddings-inference"], route_class=TEIRoute)
 
 # -- which model each route serves ------------------------------------------------------------------------------
 
-SETTINGS = {  # setting -> (the tasks it may name, the routes it serves)
-    "tei_embed_model": (("embedding",), "/embed and /embed_all"),
-    "tei_predict_model": (("classification", "pair"), "/predict"),
-    "tei_rerank_model": (("rerank",), "/rerank"),
+# setting -> (the tasks it may name, by what their models do in Hugging Face's words; the routes it serves)
+SETTINGS = {
+    "tei_embed_model": (tasks_doing("feature-extraction"), "/embed and /embed_all"),
+    "tei_predict_model": (tasks_doing("text-classification"), "/predict"),
+    "tei_rerank_model": (tasks_doing("text-ranking"), "/rerank"),
 }
 
 
@@ -141,36 +144,34 @@ class EmbedBody(EmbedAllBody):
     normalize: bool = Field(True, description="L2-normalize the pooled vectors")
 
 
-class EmbedIdsRequest(EmbedRequest):
-    """berth's embed request, its inputs texts or token id lists."""
+class EmbedIdsHandler(TaskHandler):
+    """/embed and /embed_all: berth's embeddings of texts or token ids (the embed request, its inputs texts or
+    token id lists); /embed_all keeps every token's vector of the last layer, the special tokens' too, as
+    TEI's."""
 
-    inputs: list[str | TokenIds]
-
-
-class EmbedIdsHandler(EmbedHandler):
-    """/embed and /embed_all: berth's embeddings of texts or token ids; /embed_all keeps every token's vector of
-    the last layer, the special tokens' too, as TEI's."""
-
-    def __init__(self, route: str, all_tokens: bool = False):
-        super().__init__(DEFINITIONS["embedding"], route)
+    def __init__(self, task: str, route: str, all_tokens: bool = False):
+        own = handler_for(task, "inputs", route)
+        super().__init__(own.definition, own.endpoint, route)
         self.all_tokens = all_tokens
+        self.request_model = type(f"{own.request_model.__name__}Ids", (own.request_model,), {
+            "__module__": __name__, "__annotations__": {"inputs": list[str | TokenIds]}})
 
     def texts(self, raw: str | list[int]) -> list[tuple[str, str]]:
         return [] if token_ids.is_ids(raw) else super().texts(raw)
 
-    def check_body(self, body: EmbedIdsRequest, settings: Any) -> None:
+    def check_body(self, body: Any, settings: Any) -> None:
         token_ids.check_id_lengths(body.inputs, settings)
 
-    def check_input(self, model: ServedModel, raw: str | list[int], body: EmbedIdsRequest, index: int) -> None:
+    def check_input(self, model: ServedModel, raw: str | list[int], body: Any, index: int) -> None:
         if token_ids.is_ids(raw):
             token_ids.check_ids(model, raw, f"inputs[{index}]")
         super().check_input(model, raw, body, index)
 
-    def prepare_checked(self, model: ServedModel, inputs: list[Any], body: EmbedIdsRequest) -> list[Prepared]:
+    def prepare_checked(self, model: ServedModel, inputs: list[Any], body: Any) -> list[Prepared]:
         try:
             return token_ids.prepare_mixed(self.definition, model, inputs, body)
         except InputFailed as failed:
-            raise refusal(failed.error, f"inputs[{failed.index}]", body) from None
+            raise self.refusal(failed.error, f"inputs[{failed.index}]") from None
 
     def finish(self, model, prepared, outputs, body) -> list[Any]:
         if self.all_tokens:
@@ -178,31 +179,39 @@ class EmbedIdsHandler(EmbedHandler):
         return super().finish(model, prepared, outputs, body)
 
 
-EMBED = EmbedIdsHandler("/embed")
-EMBED_ALL = EmbedIdsHandler("/embed_all", all_tokens=True)
+@functools.cache
+def embed_handler(task: str, route: str) -> EmbedIdsHandler:
+    """The adapter of /embed (pooled vectors) or /embed_all (every token's vector) for a `task` model."""
+    return EmbedIdsHandler(task, route, all_tokens=route == "/embed_all")
 
 
-def embed_request(runtime: Runtime, body: EmbedAllBody, **options: Any) -> EmbedIdsRequest:
+def embed_request(request: Request, route: str, body: EmbedAllBody,
+                  **options: Any) -> tuple[EmbedIdsHandler, Any]:
+    """The adapter of `route` for the embed model and berth's embed request of the body."""
+    runtime: Runtime = request.app.state.runtime
     refuse_prompt_name(body.prompt_name)
     refuse_left_truncation(body.truncation_direction, body.truncate)
     inputs = body.inputs if isinstance(body.inputs, list) else [body.inputs]
-    return validated(EmbedIdsRequest, {"model": tei_model(runtime, "tei_embed_model"), "inputs": inputs,
-                                       "truncate": bool(body.truncate), **options})
+    name = tei_model(runtime, "tei_embed_model")
+    handler = embed_handler(runtime.bundles[name].task, route)
+    return handler, validated(handler.request_model, {"model": name, "inputs": inputs,
+                                                      "truncate": bool(body.truncate), **options})
 
 
 @tei.post("/embed", response_model=list[list[float]], summary="TEI: sentence embeddings")
 async def tei_embed(body: EmbedBody, request: Request) -> Response:
     """`[[float]]`: one pooled vector per input (unit length unless `"normalize": false`)."""
-    berth = embed_request(request.app.state.runtime, body, normalize=body.normalize)
-    return await infer(request, EMBED, berth, payload_shape=lambda _, results: [r["embedding"] for r in results])
+    handler, berth = embed_request(request, "/embed", body, normalize=body.normalize)
+    return await infer(request, handler, berth,
+                       payload_shape=lambda _, results: [r["embedding"] for r in results])
 
 
 @tei.post("/embed_all", response_model=list[list[list[float]]], summary="TEI: every token's vector, unpooled")
 async def tei_embed_all(body: EmbedAllBody, request: Request) -> Response:
     """`[[[float]]]`: per input, the last layer's vector of each of its tokens, [CLS] and [SEP] included
     (at most 16 inputs a request, as /v1/embed's token output)."""
-    berth = embed_request(request.app.state.runtime, body, output="tokens", layers=[-1])
-    return await infer(request, EMBED_ALL, berth, payload_shape=lambda _, results: results)
+    handler, berth = embed_request(request, "/embed_all", body, output="tokens", layers=[-1])
+    return await infer(request, handler, berth, payload_shape=lambda _, results: results)
 
 
 # -- classification ---------------------------------------------------------------------------------------------
@@ -219,9 +228,6 @@ class PredictBody(Strict):
     raw_scores: bool = Field(False, description="the logits instead of probabilities")
     truncate: bool | None = False
     truncation_direction: Direction = "right"
-
-
-PREDICT = scored_labels("/predict")
 
 
 def sequences(inputs: str | list[str] | list[list[str]]) -> tuple[list[list[str]], bool]:
@@ -250,15 +256,16 @@ async def tei_predict(body: PredictBody, request: Request) -> Response:
     refuse_left_truncation(body.truncation_direction, body.truncate)
     found, single = sequences(body.inputs)
     for index, sequence in enumerate(found):
-        if (len(sequence) == 2) != (task == "pair"):
+        if (len(sequence) == 2) != takes_pairs(task):
             where = "inputs" if single else f"inputs[{index}]"
-            wanted = "a sentence-pair model: send [text, text_pair]" if task == "pair" else \
+            wanted = "a sentence-pair model: send [text, text_pair]" if takes_pairs(task) else \
                 "a single-text classification model: send one text, not a pair"
             raise ServiceError(ErrorType.VALIDATION, f"{where}: model {name!r} is {wanted}")
-    inputs = [{"text": s[0], "text_pair": s[1]} for s in found] if task == "pair" else [s[0] for s in found]
-    berth = validated(SCORED_REQUESTS[task], {"model": name, "inputs": inputs, "truncate": bool(body.truncate),
+    pairs = takes_pairs(task)
+    inputs = [{"text": s[0], "text_pair": s[1]} for s in found] if pairs else [s[0] for s in found]
+    berth = validated(scored_request(task), {"model": name, "inputs": inputs, "truncate": bool(body.truncate),
                                               "function": "none" if body.raw_scores else None})
-    return await infer(request, PREDICT[task], berth,
+    return await infer(request, scored_labels(task, "/predict"), berth,
                        payload_shape=lambda _, results: results[0] if single else results)
 
 
@@ -281,14 +288,17 @@ class RerankBody(Strict):
     truncation_direction: Direction = "right"
 
 
-class TEIRerankRequest(RerankRequest):
-    raw_scores: bool = False
+class TEIRerankHandler(RankingHandler):
+    """/rerank: /v1/rerank's ranking (the same windows, the same order), as TEI's `[{index, score, text?}]`;
+    its request is /v1/rerank's with `raw_scores`."""
 
+    def __init__(self, task: str):
+        own = handler_for(task, "ranking", "/rerank")
+        super().__init__(own.definition, own.endpoint, "/rerank")
+        self.request_model = type(own.request_model.__name__, (own.request_model,), {
+            "__module__": __name__, "__annotations__": {"raw_scores": bool}, "raw_scores": False})
 
-class TEIRerankHandler(RerankHandler):
-    """/rerank: /v1/rerank's ranking (the same windows, the same order), as TEI's `[{index, score, text?}]`."""
-
-    def finish(self, model, prepared, outputs, body: TEIRerankRequest) -> list[Any]:
+    def finish(self, model, prepared, outputs, body: Any) -> list[Any]:
         [p], [out] = prepared, outputs
         logits = best_logits(p, out)
         scores = logits if body.raw_scores else sigmoid(logits)
@@ -297,17 +307,20 @@ class TEIRerankHandler(RerankHandler):
                  for i in np.argsort(-logits, kind="stable").tolist()]]
 
 
-RERANK = TEIRerankHandler(DEFINITIONS["rerank"], "/rerank")
+rerank_handler = functools.cache(TEIRerankHandler)
 
 
 @tei.post("/rerank", response_model=list[Rank], summary="TEI: rerank texts")
 async def tei_rerank(body: RerankBody, request: Request) -> Response:
     """Every text, most relevant first: `[{index, score}]` (`text` too with `return_text`); the scores are the
     sigmoid of the cross-encoder's logit, or the logit with `raw_scores`."""
-    berth = validated(TEIRerankRequest, {"model": tei_model(request.app.state.runtime, "tei_rerank_model"),
-                                         "query": body.query, "documents": body.texts,
-                                         "return_documents": body.return_text, "raw_scores": body.raw_scores})
-    return await infer(request, RERANK, berth, payload_shape=lambda _, results: results[0])
+    runtime: Runtime = request.app.state.runtime
+    name = tei_model(runtime, "tei_rerank_model")
+    handler = rerank_handler(runtime.bundles[name].task)
+    berth = validated(handler.request_model, {
+        "model": name, "query": body.query, "documents": body.texts, "return_documents": body.return_text,
+        "raw_scores": body.raw_scores})
+    return await infer(request, handler, berth, payload_shape=lambda _, results: results[0])
 
 
 # -- the tokenizer ----------------------------------------------------------------------------------------------
@@ -325,6 +338,11 @@ class TokenizeBody(Strict):
     inputs: str | list[str]
     add_special_tokens: bool = True
     prompt_name: str | None = Field(None, description="not supported: 422 when given")
+
+
+# /tokenize's limit checks: each input a text, as the adapter of a task whose inputs are texts checks them.
+TEXTS = handler_for(next(name for name, task in DEFINITIONS.items()
+                         if task.endpoints and not task.input_fields), "inputs", "/tokenize")
 
 
 def byte_offsets(text: str) -> Sequence[int]:
@@ -367,7 +385,7 @@ async def tei_tokenize(body: TokenizeBody, request: Request) -> Response:
     request.state.berth_model = model.name
     refuse_prompt_name(body.prompt_name)
     texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
-    check_inputs(texts, HANDLERS["embedding"], runtime.settings)
+    check_inputs(texts, TEXTS, runtime.settings)
     tokens = await off_the_loop(runtime, sum(map(len, texts)),
                                 lambda: tokens_of(model.tokenizer, texts, body.add_special_tokens))
     return answer(request, tokens)
@@ -437,12 +455,13 @@ DTYPES = {"fp32": "float32", "fp16": "float16", "int8": "int8"}
 
 def model_type(model: ServedModel) -> dict[str, Any]:
     spec = model.spec
-    if model.task == "embedding":
+    if model.task in tasks_doing("feature-extraction"):
         return {"embedding": {"pooling": str(spec.extra.get("pooling") or spec.pooling or "mean")}}
     labels = list(spec.labels) or ["LABEL_0"]
     described = {"id2label": {str(i): label for i, label in enumerate(labels)},
                  "label2id": {label: i for i, label in enumerate(labels)}}
-    return {"reranker" if model.task == "rerank" or len(labels) == 1 else "classifier": described}
+    reranks = model.task in tasks_doing("text-ranking")
+    return {"reranker" if reranks or len(labels) == 1 else "classifier": described}
 
 
 @tei.get("/info", response_model=Info, summary="TEI: the model and the server's limits")

@@ -1,6 +1,7 @@
 "use strict";
-// The berth playground: lists GET /v1/models, builds the chosen model's form, posts it to the model's
-// /v1 route and draws the result. Only the public HTTP API is used. The API key, when the server asks
+// The berth playground: lists GET /v1/models, builds the chosen model's form from the routes the listing
+// gives for it (their input fields and response schemas), posts it to the route and draws the result. Only
+// the public HTTP API is used. The API key, when the server asks
 // for one, stays in this tab's sessionStorage (never localStorage). User text is only ever inserted as
 // text nodes, never as HTML.
 
@@ -9,6 +10,7 @@ const KEY = "berth-api-key";
 const TIMINGS = [["x-total-time", "total"], ["x-tokenization-time", "tokenization"],
                  ["x-queue-time", "queue"], ["x-inference-time", "inference"]];
 let models = [];
+let form = null; // the chosen model's form: its fields, main action and extra actions
 
 function el(tag, props = {}, ...children) {
   const node = document.createElement(tag);
@@ -167,36 +169,70 @@ function renderRanking(result, values, model, data) {
   return out;
 }
 
-const field = (name, label, rows = 3) => ({ name, label, rows });
 const topAll = (model) => (model.labels && model.labels.length ? { top_k: model.labels.length } : {});
-const FORMS = {
-  classification: { route: "/v1/classify", fields: [field("text", "Text")], render: renderLabels,
-    body: (v, m) => ({ inputs: v.text, ...topAll(m) }), fill: (ex) => ({ text: ex }) },
-  pair: { route: "/v1/pair", fields: [field("text", "First text", 2), field("text_pair", "Second text", 2)],
-    render: renderLabels, body: (v, m) => ({ inputs: { text: v.text, text_pair: v.text_pair }, ...topAll(m) }),
-    fill: (ex) => ex },
-  ner: { route: "/v1/ner", fields: [field("text", "Text", 4)], render: renderEntities,
-    body: (v) => ({ inputs: v.text }), fill: (ex) => ({ text: ex }) },
-  qa: { route: "/v1/qa", fields: [field("question", "Question", 1), field("context", "Context", 6)],
-    render: renderAnswers, body: (v) => ({ inputs: { question: v.question, context: v.context }, top_k: 5 }),
-    fill: (ex) => ex },
-  embedding: { route: "/v1/similarity", fields: [field("source", "Sentence", 1),
-                                                 field("targets", "Sentences to compare it with, one per line", 4)],
-    render: renderSimilarity, body: (v) => ({ inputs: { source: v.source, targets: lines(v.targets) } }),
-    fill: (ex, all) => ({ source: ex, targets: all.filter((o) => o !== ex).join("\n") }),
-    extra: { label: "Embed the sentence", route: "/v1/embed", body: (v) => ({ inputs: v.source }),
-             render: renderVector } },
-  "fill-mask": { route: "/v1/fill-mask", fields: [field("text", "Text with [MASK]", 2)], render: renderFillMask,
-    body: (v) => ({ inputs: v.text, top_k: 5 }), fill: (ex) => ({ text: ex }) },
-  "multiple-choice": { route: "/v1/choice",
-    fields: [field("context", "Context", 3), field("choices", "Choices, one per line", 4)],
-    render: renderChoices, body: (v) => ({ inputs: { context: v.context, choices: lines(v.choices) } }),
-    fill: (ex) => ({ context: ex.context, choices: (ex.choices || []).join("\n") }) },
-  rerank: { route: "/v1/rerank",
-    fields: [field("query", "Query", 1), field("documents", "Documents, one per line", 6)],
-    render: renderRanking, body: (v) => ({ query: v.query, documents: lines(v.documents), return_documents: true }),
-    fill: (ex) => ({ query: ex.query, documents: (ex.documents || []).join("\n") }) },
+
+// How each response schema (a route's `response` in GET /v1/models) is drawn, what is sent beside the inputs,
+// and the button of a route that is not the form's main one. A route without a view is not offered.
+const VIEWS = {
+  ClassifyResponse: { render: renderLabels, options: topAll },
+  NERResponse: { render: renderEntities },
+  QAResponse: { render: renderAnswers, options: () => ({ top_k: 5 }) },
+  SimilarityResponse: { render: renderSimilarity },
+  EmbedResponse: { render: renderVector, label: "Embed the sentence" },
+  FillMaskResponse: { render: renderFillMask, options: () => ({ top_k: 5 }), textLabel: "Text with [MASK]" },
+  ChoiceResponse: { render: renderChoices },
+  RerankResponse: { render: renderRanking, options: () => ({ return_documents: true }) },
 };
+
+// What a form field is called, by the input field's name (a list field is typed one text per line).
+const LABELS = { text: "Text", text_pair: "Second text", question: "Question", context: "Context",
+                 source: "Sentence", targets: "Sentences to compare it with", choices: "Choices",
+                 query: "Query", documents: "Documents" };
+const ONE_LINE = new Set(["question", "query", "source"]);
+
+function formField(f, i, fields) {
+  const first = i === 0 && fields.length > 1 && f.name === "text"; // the first of a pair
+  const label = (first ? "First text" : LABELS[f.name] || f.name) + (f.many ? ", one per line" : "");
+  return { name: f.name, many: f.many, label, rows: ONE_LINE.has(f.name) ? 1 : f.many ? 5 : 3 };
+}
+
+// The body of `route` from the form's values: a text route takes the form's first field; an object route its
+// fields (a list field one text per line), under `inputs`, or at the body's root for a ranking route.
+function inputsOf(route, fields, values) {
+  if (!route.fields.length) return { inputs: values[fields[0].name] };
+  const value = (f) => (f.many ? lines(values[f.name]) : values[f.name]);
+  const object = Object.fromEntries(route.fields.map((f) => [f.name, value(f)]));
+  return route.kind === "ranking" ? object : { inputs: object };
+}
+
+function action(route, fields) {
+  const view = VIEWS[route.response];
+  const options = view.options || (() => ({}));
+  return { route: route.path, label: view.label || "Run", render: view.render,
+           body: (values, model) => ({ ...inputsOf(route, fields, values), ...options(model) }) };
+}
+
+// The form of a model: the fields of its drawable route with the most input fields, that route as the main
+// action and its other drawable routes as extra buttons; null when none can be drawn.
+function formFor(model) {
+  const routes = (model.routes || []).filter((r) => VIEWS[r.response]);
+  if (!routes.length) return null;
+  const main = routes.reduce((best, r) => (r.fields.length > best.fields.length ? r : best));
+  const textLabel = VIEWS[main.response].textLabel;
+  const fields = main.fields.length ? main.fields.map(formField)
+    : [{ ...formField({ name: "text", many: false }, 0, []), ...(textLabel ? { label: textLabel } : {}) }];
+  const extras = routes.filter((r) => r !== main).map((r) => action(r, fields));
+  return { fields, main: action(main, fields), extras };
+}
+
+// An example's values: an object names its fields; a text fills the first field, and a list field gets the
+// model's other examples (a sentence compared with the rest).
+function exampleValues(fields, example, all) {
+  if (typeof example !== "string") return example || {};
+  const values = { [fields[0].name]: example };
+  for (const f of fields.slice(1)) if (f.many) values[f.name] = all.filter((o) => o !== example);
+  return values;
+}
 
 function showError(res) {
   const box = $("error");
@@ -244,9 +280,9 @@ function currentModel() { return models[Number($("model").value)]; }
 
 function chooseModel() {
   const model = currentModel();
-  const form = FORMS[model.task];
+  form = formFor(model);
   clearOutput();
-  const routes = form ? [form.route, form.extra && form.extra.route].filter(Boolean).join(", ") : model.route;
+  const routes = (model.routes || []).map((r) => r.path).join(", ") || model.route;
   const about = [`task ${model.task}`, `route ${routes}`, `precision ${model.precision}`,
                  `max ${model.max_seq_length} tokens`];
   if (model.labels && model.labels.length) about.push(`labels: ${model.labels.join(", ")}`);
@@ -263,30 +299,36 @@ function chooseModel() {
     return el("div", { class: "field" }, el("label", { for: input.id }, f.label), input);
   }));
   const actions = [el("button", { type: "submit", id: "run" }, "Run")];
-  if (form.extra) actions.push(el("button", { type: "button", id: "run-extra" }, form.extra.label));
+  form.extras.forEach((extra, i) => {
+    const button = el("button", { type: "button", id: i ? `run-extra-${i + 1}` : "run-extra" }, extra.label);
+    button.addEventListener("click", () => run(extra));
+    actions.push(button);
+  });
   $("actions").replaceChildren(...actions);
-  if (form.extra) $("run-extra").addEventListener("click", () => run(form.extra));
   const examples = model.examples || [];
   $("examples").replaceChildren(...(examples.length ? [el("span", {}, "Examples: ")] : []), ...examples.map((ex, i) => {
     const button = el("button", { type: "button", class: "example" }, `Example ${i + 1}`);
     button.title = typeof ex === "string" ? ex : Object.values(ex).join(" | ");
-    button.addEventListener("click", () => fill(form, ex, examples));
+    button.addEventListener("click", () => fill(ex, examples));
     return button;
   }));
-  if (examples.length) fill(form, examples[0], examples);
+  if (examples.length) fill(examples[0], examples);
   $("task-form").hidden = false;
 }
 
-function fill(form, example, all) {
-  for (const [name, value] of Object.entries(form.fill(example, all))) {
-    const input = $("field-" + name);
-    if (input) input.value = value;
+function fill(example, all) {
+  const values = exampleValues(form.fields, example, all);
+  for (const f of form.fields) {
+    const input = $("field-" + f.name);
+    const value = values[f.name];
+    if (!input || value === undefined || value === null) continue;
+    input.value = Array.isArray(value) ? value.join("\n") : value;
   }
 }
 
 async function run(action) {
   const model = currentModel();
-  const values = Object.fromEntries(FORMS[model.task].fields.map((f) => [f.name, $("field-" + f.name).value]));
+  const values = Object.fromEntries(form.fields.map((f) => [f.name, $("field-" + f.name).value]));
   const buttons = document.querySelectorAll("#actions button");
   buttons.forEach((b) => { b.disabled = true; });
   clearOutput();
@@ -317,7 +359,7 @@ document.addEventListener("DOMContentLoaded", () => {
   $("model").addEventListener("change", chooseModel);
   $("task-form").addEventListener("submit", (event) => {
     event.preventDefault();
-    run(FORMS[currentModel().task]);
+    run(form.main);
   });
   $("task-form").addEventListener("keydown", (event) => {
     if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) $("task-form").requestSubmit();
