@@ -1,13 +1,20 @@
-"""Fine-tuning speed: examples/s and real tokens/s before and after each of issue 11's changes.
+"""Fine-tuning speed: examples/s and real tokens/s of the training step, variants side by side.
 
-One run, side by side (GUIDE.md §4), on real data with the default base (all-MiniLM-L6-v2):
-SST-2 sentences at max length 64 and SQuAD v1.1 windows of 256 and 384 tokens (doc stride 128),
-featurized by the same code `berth finetune` uses. The variants, cumulative:
+One run, side by side, on real data with the default base (all-MiniLM-L6-v2): SST-2 sentences
+at max length 64, CoNLL-2003 sentences at 128 (with ``--precision``) and SQuAD v1.1 windows of 256
+and 384 tokens (doc stride 128), featurized by the same code `berth finetune` uses.
+
+The default variants, cumulative:
 
 1. ``random-1thread``: the old loop: random batch order, one intra-op thread, eager PyTorch;
 2. ``grouped-1thread``: + length-grouped batches (training.trainer's group_by_length);
 3. ``grouped-allcores``: + every usable core (training.threads.default_threads);
 4. ``grouped-allcores-compile`` (with ``--compile``): + ``torch.compile(dynamic=True)``.
+
+With ``--precision``: ``fp32`` (= grouped-allcores) against ``bf16`` (autocast, as the trainer's
+precision=bf16: fp32 weights and AdamW state), and with ``--compile`` ``fp32-compile`` too. Whether
+the CPU has native bf16 (AVX-512 BF16 / AMX) is recorded with the machine facts: without it bf16 is
+emulated.
 
 Each variant trains the same examples (one epoch over a fixed sample, its batches ordered as the
 trainer would order them) with a full training step: forward, backward, clip to 1, AdamW, zero_grad.
@@ -17,8 +24,9 @@ all of them alike. Reported: medians over repetitions, and the median per-repeti
 variant 1. "real tokens" count attention-mask ones; "padded" is what the model computed on.
 
     python -m bench.finetune_speed [--compile] [--repetitions 3]
+    python -m bench.finetune_speed --precision [--compile]
 
-Writes ``bench/results/finetune_speed.json``.
+Writes ``bench/results/finetune_speed.json`` (``finetune_precision.json`` with ``--precision``).
 """
 
 from __future__ import annotations
@@ -33,15 +41,18 @@ from typing import Any
 import torch
 
 from bench.machine import machine_facts
+from training.precision import autocast, cpu_bf16_support
 from training.trainer import TrainSettings, build_optimizer, epoch_batches
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data"
 RESULTS = REPO / "bench" / "results" / "finetune_speed.json"
 VARIANTS = ("random-1thread", "grouped-1thread", "grouped-allcores", "grouped-allcores-compile")
+PRECISION_VARIANTS = ("fp32", "bf16", "fp32-compile")
 
 
-def workloads(sst2_examples: int, squad_questions: int) -> dict[str, dict[str, Any]]:
+def workloads(sst2_examples: int, squad_questions: int, conll_sentences: int = 0,
+              squad_lengths: tuple[int, ...] = (256, 384)) -> dict[str, dict[str, Any]]:
     """name -> head, features, batch size: real data through the fine-tuning feature code."""
     from tasks.tokenizer import load_tokenizer
     from training import task_data
@@ -57,8 +68,16 @@ def workloads(sst2_examples: int, squad_questions: int) -> dict[str, dict[str, A
     examples = adapter.read(sst2.train_file, limit=sst2_examples, seed=0)
     out["SST-2 len 64"] = {"task": "classification", "batch_size": 32,
                            "features": adapter.features(examples, adapter.spec(examples))}
+    if conll_sentences:
+        conll = FinetuneSettings(task="ner", train_file=DATA / "conll2003" / "iob2" / "train.txt",
+                                 out=Path("unused"), max_seq_length=128)
+        adapter = task_data.adapter_for(conll, tokenizer)
+        examples = adapter.read(conll.train_file, limit=conll_sentences, seed=0)
+        spec = adapter.spec(examples)
+        out["CoNLL NER len 128"] = {"task": "ner", "batch_size": 32, "labels": len(spec.labels),
+                                    "features": adapter.features(examples, spec)}
     squad_file = DATA / "squad" / "v1.1" / "train-v1.1-subset-44articles.json"
-    for length in (256, 384):
+    for length in squad_lengths:
         squad = FinetuneSettings(task="qa", train_file=squad_file, out=Path("unused"), max_seq_length=length,
                                  doc_stride=128)
         adapter = task_data.adapter_for(squad, tokenizer)
@@ -68,7 +87,7 @@ def workloads(sst2_examples: int, squad_questions: int) -> dict[str, dict[str, A
     return out
 
 
-def make_model(task: str) -> torch.nn.Module:
+def make_model(task: str, labels: int = 2) -> torch.nn.Module:
     from training import model as models
     from training.checkpoint import default_base_path, load_pretrained
     from training.finetune import default_pooling
@@ -76,6 +95,8 @@ def make_model(task: str) -> torch.nn.Module:
     torch.manual_seed(0)
     if task == "qa":
         model, _ = load_pretrained(models.BertForQuestionAnswering, default_base_path())
+    elif task == "ner":
+        model, _ = load_pretrained(models.BertForTokenClassification, default_base_path(), num_labels=labels)
     else:
         model, _ = load_pretrained(models.BertForSequenceClassification, default_base_path(),
                                    classifier_pooling=default_pooling(default_base_path()))
@@ -83,17 +104,19 @@ def make_model(task: str) -> torch.nn.Module:
 
 
 class Contestant:
-    def __init__(self, variant: str, task: str, features: list, batch_size: int, all_cores: int) -> None:
+    def __init__(self, variant: str, task: str, features: list, batch_size: int, all_cores: int,
+                 labels: int = 2) -> None:
         from training import task_data
 
         self.variant = variant
         self.threads = 1 if variant.endswith("1thread") else all_cores
-        grouped = variant.startswith("grouped")
+        grouped = not variant.startswith("random")
+        self.dtype = torch.bfloat16 if variant.startswith("bf16") else None
         settings = TrainSettings(output_dir="unused", batch_size=batch_size, seed=0, group_by_length=grouped)
         lengths = [len(f) for f in features]
         self.batches = [task_data.collate([features[i] for i in b])
                         for b in epoch_batches(len(features), settings, 0, lengths=lengths)]
-        self.model = make_model(task)
+        self.model = make_model(task, labels)
         self.optimizer = build_optimizer(self.model, settings, torch.device("cpu"))
         self.forward = self.model
         if variant.endswith("compile"):
@@ -103,7 +126,8 @@ class Contestant:
         self.examples = sum(int(b["input_ids"].shape[0]) for b in self.batches)
 
     def step(self, batch: dict[str, torch.Tensor]) -> None:
-        loss = self.forward(**batch)["loss"]
+        with autocast(torch.device("cpu"), self.dtype):
+            loss = self.forward(**batch)["loss"]
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.optimizer.step()
@@ -118,7 +142,8 @@ class Contestant:
 
 
 def benchmark(name: str, work: dict[str, Any], variants: list[str], repetitions: int, all_cores: int) -> dict:
-    contestants = [Contestant(v, work["task"], work["features"], work["batch_size"], all_cores) for v in variants]
+    contestants = [Contestant(v, work["task"], work["features"], work["batch_size"], all_cores, work.get("labels", 2))
+                   for v in variants]
     warmup: dict[str, float] = {}
     for c in contestants:
         torch.set_num_threads(c.threads)
@@ -198,6 +223,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--sst2-examples", type=int, default=256, help="SST-2 sentences per epoch (8 batches)")
     parser.add_argument("--squad-questions", type=int, default=48, help="SQuAD questions (their windows)")
+    parser.add_argument("--conll-sentences", type=int, default=64, help="--precision: CoNLL-2003 sentences")
+    parser.add_argument("--precision", action="store_true",
+                        help="fp32 vs bf16 autocast (and fp32-compile with --compile) on classification, NER and "
+                             "QA (SQuAD windows of 384) -> bench/results/finetune_precision.json")
     parser.add_argument("--only", nargs="+", help="workload names to run (prefix match)")
     parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument("--padding-only", action="store_true",
@@ -208,24 +237,35 @@ def main(argv: list[str] | None = None) -> None:
         return padding_of_whole_sets(RESULTS.with_name("finetune_padding.json"))
 
     all_cores = usable_cores()  # every core, whatever the load (the trainer's default also looks at the load)
-    variants = list(VARIANTS if args.compile else VARIANTS[:3])
+    if args.precision:
+        variants = list(PRECISION_VARIANTS if args.compile else PRECISION_VARIANTS[:2])
+        output = args.output if args.output != RESULTS else RESULTS.with_name("finetune_precision.json")
+        loads = workloads(args.sst2_examples, args.squad_questions, args.conll_sentences, squad_lengths=(384,))
+    else:
+        variants = list(VARIANTS if args.compile else VARIANTS[:3])
+        output = args.output
+        loads = workloads(args.sst2_examples, args.squad_questions)
     settings = {"variants": variants, "repetitions": args.repetitions, "sst2_examples": args.sst2_examples,
                 "squad_questions": args.squad_questions, "all_cores": all_cores,
-                "step": "fp32 forward + backward + clip_grad_norm_(1.0) + fused AdamW step + zero_grad"}
+                "conll_sentences": args.conll_sentences if args.precision else None,
+                "step": "forward (bf16 variants: under bf16 autocast) + backward + clip_grad_norm_(1.0) + "
+                        "fused AdamW step + zero_grad; weights and AdamW state fp32"}
     print("settings:", json.dumps(settings), flush=True)
     machine = machine_facts(all_cores)
+    machine["cpu_native_bf16"] = cpu_bf16_support()
+    machine["torch_cpu_capability"] = torch.backends.cpu.get_cpu_capability()
     results = []
-    for name, work in workloads(args.sst2_examples, args.squad_questions).items():
+    for name, work in loads.items():
         if args.only and not any(name.startswith(prefix) for prefix in args.only):
             continue
         results.append(benchmark(name, work, variants, args.repetitions, all_cores))
     print()
     print_table(results)
     machine["load_average_after"] = machine_facts()["load_average"]
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps({"machine": machine, "settings": settings, "results": results,
-                                       "markdown": markdown_table(results)}, indent=2) + "\n")
-    print(f"\nwrote {args.output}")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps({"machine": machine, "settings": settings, "results": results,
+                                  "markdown": markdown_table(results)}, indent=2) + "\n")
+    print(f"\nwrote {output}")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from training.provenance import DEFAULT_LIBRARIES, git_revision, library_versions
 
-_INTERESTING_CPU_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "amx_tile")
+_INTERESTING_CPU_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile",
+                         "amx_bf16")
 
 
 def _cpu_model_and_flags() -> tuple[str, list[str]]:

@@ -164,6 +164,25 @@ def speed_table(records: list[dict]) -> str:
     return data["markdown"] + "\n\n" + facts
 
 
+PRECISION = REPO / "bench" / "results" / "finetune_precision.json"
+
+
+def precision_table(records: list[dict]) -> str:
+    """fp32 against bf16 autocast (bench/finetune_speed.py --precision), with the CPU's bf16 facts."""
+    if not PRECISION.is_file():
+        return "(not measured: run `python -m bench.finetune_speed --precision`)"
+    data = json.loads(PRECISION.read_text(encoding="utf-8"))
+    m = data["machine"]
+    native = m.get("cpu_native_bf16") or {}
+    has = [name for name, present in native.items() if present]
+    facts = (f"Measured {m['timestamp']} at git {str(m['git_revision'])[:12]}, {m['cpu_model']} (flags: "
+             f"{', '.join(m['cpu_flags'])}; torch CPU capability {m.get('torch_cpu_capability')}; native bf16: "
+             f"{', '.join(has) if has else 'none'}), {m['usable_cores']} usable cores, torch "
+             f"{m['libraries'].get('torch')}, load average {m['load_average'][0]:.1f} before / "
+             f"{m['load_average_after'][0]:.1f} after; {data['settings']['repetitions']} repetitions, medians.")
+    return data["markdown"] + "\n\n" + facts
+
+
 def recipe(record: dict) -> str:
     """What was tried, from the record: steps run of those planned, budget, rate, pooling, threads."""
     s, sched = record["settings"], record.get("schedule") or {}
@@ -233,7 +252,8 @@ def table7(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-BLOCKS = {"targets": targets_table, "runs": runs_table, "speed": speed_table, "padding": padding_table,
+BLOCKS = {"targets": targets_table, "runs": runs_table, "speed": speed_table, "precision": precision_table,
+          "padding": padding_table,
           "pooling": pooling_table, "table7": table7, "sweep": sweep_table}
 
 

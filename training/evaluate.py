@@ -31,7 +31,7 @@ def evaluate_model(
         spec, run, tokenizer = _bundle_runner(folder)
     else:
         spec, run, tokenizer = _torch_runner(folder, device)
-    if spec.task not in task_data.ADAPTERS:
+    if not task_data.has_adapter(spec.task):
         raise SystemExit(f"{folder}: a {spec.task} model has no dev data reader here (fill-mask: use `berth "
                          "pretrain --eval-only`)")
     settings = FinetuneSettings(task=spec.task, train_file=Path(data), out=folder, data_format=data_format,

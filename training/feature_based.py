@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tasks.registry import definition
 from tasks.spec import TaskSpec
 from training.model import DEFAULT_FEATURE_LAYERS, BertFeatureBasedTokenClassification
 from training.predict import predict
@@ -44,8 +45,8 @@ class CachedFeature:
 
 def head_setup(settings: Any, spec: TaskSpec) -> tuple[TaskSpec, dict[str, Any]]:
     """The spec naming the feature-based head, and the config fields that size it (kept in config.json)."""
-    if spec.task != "ner":
-        raise ValueError(f"--feature-based trains a NER head; task {spec.task!r} has none")
+    if definition(spec.task).feature_based_head != HEAD_CLASS:
+        raise ValueError(f"--feature-based trains a tagging head ({HEAD_CLASS}); task {spec.task!r} has none")
     spec = spec.model_copy(update={"extra": {**spec.extra, "head_class": HEAD_CLASS}})
     return spec, {"feature_layers": list(DEFAULT_FEATURE_LAYERS), "lstm_hidden_size": settings.lstm_hidden_size,
                   "lstm_layers": settings.lstm_layers}

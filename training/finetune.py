@@ -62,11 +62,13 @@ def run_finetune(settings: FinetuneSettings) -> dict[str, float]:
     """Train, evaluate, save. Returns the dev metrics (empty without a dev file)."""
     import torch
 
+    from tasks.classification import REGRESSION
     from tasks.registry import definition, head_class
     from tasks.tokenizer import load_tokenizer
     from training import feature_based, task_data
     from training import model as models
     from training.checkpoint import load_pretrained, save_pretrained
+    from training.precision import cpu_bf16_support
     from training.predict import torch_item_runner
     from training.trainer import train
 
@@ -87,12 +89,10 @@ def run_finetune(settings: FinetuneSettings) -> dict[str, float]:
         spec, head_fields = feature_based.head_setup(settings, spec)
         overrides.update(head_fields)
     head = getattr(models, head_class(spec))
-    if spec.task in ("classification", "pair", "ner"):
-        overrides["id2label"] = dict(enumerate(spec.labels)) if spec.labels else None
-        if spec.problem_type == "regression":
-            overrides = {"num_labels": 1, "problem_type": "regression"}
-    overrides.update(definition(spec.task).head_overrides(spec))
-    if head_class(spec) == "BertForSequenceClassification":
+    if spec.problem_type == REGRESSION:  # one score, no label names
+        overrides = {"num_labels": 1, "problem_type": REGRESSION}
+    overrides.update(definition(spec.task).head_overrides(spec))  # the label names, where the task has labels
+    if definition(spec.task).pools:
         pooling = default_pooling(base) if settings.pooling == "auto" else settings.pooling
         overrides["classifier_pooling"] = pooling
         spec = spec.model_copy(update={"pooling": pooling})
@@ -134,8 +134,11 @@ def run_finetune(settings: FinetuneSettings) -> dict[str, float]:
         "dev_metrics": metrics,
         "pooling": spec.pooling,  # the resolved choice (settings.pooling may say "auto")
         "provenance": run_provenance(),
+        "precision": result.precision,
         "speed": {  # over the training time, all ranks
             "threads": result.threads,
+            "precision": result.precision,
+            "cpu_native_bf16": cpu_bf16_support(),
             "examples_per_s": result.examples_per_s,
             "real_tokens_per_s": result.tokens_per_s,
             "padded_over_real_tokens": result.padded_tokens / max(result.real_tokens, 1),

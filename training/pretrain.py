@@ -279,6 +279,7 @@ def run_pretrain(settings: PretrainSettings) -> dict[str, Any]:
             "model_config": model.config.to_dict(),
             "parameters": params,
             "train_result": result.to_dict(),
+            "precision": result.precision,
             "phase2": phase2,
             "heldout_eval": final,
             "versions": {"python": platform.python_version(), "torch": torch.__version__},

@@ -21,6 +21,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.fields import FieldInfo
 
+from tasks.definition import TaskDefinition
+from tasks.registry import DEFINITIONS, definition
 from training.config import PRESETS, BertConfig
 from training.corpus import DEFAULT_MAX_DOCUMENT_CHARS
 
@@ -56,8 +58,10 @@ class TrainLoopSettings(BaseModel):
     adam_beta2: float = Field(0.999, description="AdamW beta2")
     adam_epsilon: float = Field(1e-8, description="AdamW epsilon")
     max_grad_norm: float | None = Field(1.0, description="gradient clipping: largest global L2 norm; 0: no clipping")
-    amp: Literal["auto", "bf16", "fp16", "off"] = Field("auto", description="mixed precision on CUDA "
-                                                        "(auto: bf16 where supported, else fp16); off on the CPU")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto", description="number format of the training step (weights and optimizer state stay fp32): "
+        "auto: bf16 autocast on a GPU that supports it (else fp16 with loss scaling) and on a CPU with native "
+        "bf16 (AVX-512 BF16 or AMX), else fp32; bf16 forced on a CPU without it is emulated and slow; fp16: CUDA")
     save_every_steps: int | None = Field(None, gt=0, description="save the resumable training state every N "
                                          "optimizer steps (and at the end)")
     log_every_steps: int = Field(10, gt=0, description="optimizer steps between lines of metrics.jsonl")
@@ -86,6 +90,9 @@ class TrainLoopSettings(BaseModel):
                 if old in data:
                     value = data.pop(old)
                     data.setdefault(new, value)
+            if "amp" in data:  # the old CUDA-only mixed-precision switch
+                amp = data.pop("amp")
+                data.setdefault("precision", "fp32" if amp == "off" else amp)
             if isinstance(data.get("resume"), bool):  # pretrain's old resume: bool
                 data["resume"] = "auto" if data["resume"] else "never"
         return data
@@ -115,11 +122,15 @@ def loop_default(name: str, default: Any) -> Any:
 
 # --- fine-tuning ---------------------------------------------------------------------------------
 
-FinetuneTask = Literal["classification", "pair", "ner", "qa", "multiple-choice", "rerank"]
-MAX_SEQ_LENGTH = 128  # tokens, every task but qa
-QA_MAX_SEQ_LENGTH = 384  # tokens: a question and a window of its context
-QA_DOC_STRIDE = 128  # context tokens two consecutive QA windows share
-NER_OVERLAP_DIVISOR = 4  # ner: windows overlap by max_seq_length // 4 tokens
+# The tasks a training adapter reads data for, in the registry's order (the choices of --task).
+FINETUNE_TASKS = tuple(name for name, task in DEFINITIONS.items() if task.training_adapter)
+FinetuneTask = Literal[FINETUNE_TASKS]  # type: ignore[valid-type]
+OVERLAP_DIVISOR = 4  # tasks without a doc stride of their own: windows overlap by max_seq_length // 4 tokens
+_LENGTH = TaskDefinition.finetune_max_seq_length  # tasks that do not say otherwise
+_LENGTHS = "".join(f"{definition(name).finetune_max_seq_length} for {name}, " for name in FINETUNE_TASKS
+                   if definition(name).finetune_max_seq_length != _LENGTH) + f"{_LENGTH} otherwise"
+_STRIDES = "; ".join(f"{name}: context tokens two windows share (default {definition(name).finetune_doc_stride})"
+                     for name in FINETUNE_TASKS if definition(name).finetune_doc_stride is not None)
 
 
 class FinetuneSettings(TrainLoopSettings):
@@ -150,11 +161,10 @@ class FinetuneSettings(TrainLoopSettings):
         "auto", description="classification/pair/rerank: cls (the tanh pooler over [CLS], BERT's recipe) or mean (average "
         "of the token states); auto: mean for a sentence-transformers base trained with it (the default "
         "all-MiniLM-L6-v2), else cls")
-    max_seq_length: int | None = Field(None, gt=0, description=f"tokens per sequence (default: {QA_MAX_SEQ_LENGTH} "
-                                       f"for qa, {MAX_SEQ_LENGTH} otherwise)")
+    max_seq_length: int | None = Field(None, gt=0, description=f"tokens per sequence (default: {_LENGTHS})")
     doc_stride: int | None = Field(None, ge=0, description="overlap in tokens of consecutive windows over a long "
-                                   f"text: qa: context tokens two windows share (default {QA_DOC_STRIDE}); ner: "
-                                   f"when served (default max_seq_length / {NER_OVERLAP_DIVISOR})")
+                                   f"text: {_STRIDES}; the others, when served (default max_seq_length / "
+                                   f"{OVERLAP_DIVISOR})")
     max_query_length: int = Field(64, gt=0, description="qa: question tokens kept")
     label_all_tokens: bool = Field(True, description="ner: train every sub-token (B-X continued as I-X), not only "
                                    "a word's first, so token-level entity grouping (the service's `simple`) is "
@@ -180,12 +190,13 @@ class FinetuneSettings(TrainLoopSettings):
     group_by_length: bool = loop_default("group_by_length", True)
 
     def effective_max_seq_length(self) -> int:
-        return self.max_seq_length or (QA_MAX_SEQ_LENGTH if self.task == "qa" else MAX_SEQ_LENGTH)
+        return self.max_seq_length or definition(self.task).finetune_max_seq_length
 
     def effective_doc_stride(self) -> int:
         if self.doc_stride is not None:
             return self.doc_stride
-        return QA_DOC_STRIDE if self.task == "qa" else self.effective_max_seq_length() // NER_OVERLAP_DIVISOR
+        own = definition(self.task).finetune_doc_stride
+        return own if own is not None else self.effective_max_seq_length() // OVERLAP_DIVISOR
 
 
 # --- pretraining ---------------------------------------------------------------------------------

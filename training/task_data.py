@@ -1,6 +1,6 @@
 """The task layer (tasks/) adapted to training: read a data file, build torch features, evaluate.
 
-One adapter per task family. Each reads examples, fixes the TaskSpec (labels and settings saved
+One adapter per task family; each task definition names its own (`training_adapter`). Each reads examples, fixes the TaskSpec (labels and settings saved
 with the model) and turns examples into training features with the same code the service uses.
 Scoring a model on dev examples is the task definition's: the served prepare -> run -> decode steps,
 then the official metric on the decoded results (so the dev metrics a bundle records are the served model's).
@@ -106,6 +106,7 @@ class ClassificationAdapter(TaskAdapter):
         self.settings = settings
         self.tokenizer = tokenizer
         self.regression = settings.regression
+        self.pairs = "text_pair" in definition(settings.task).input_fields  # an input is two texts
 
     def read(self, path: Path, limit: int | None, seed: int | None) -> list[readers.TextExample]:
         s = self.settings
@@ -114,10 +115,10 @@ class ClassificationAdapter(TaskAdapter):
             self.regression = self.regression or fmt == "stsb"
             examples = readers.read_glue(path, fmt)
         else:
-            examples = readers.read_table(path, s.text_column, s.text_pair_column if s.task == "pair" else None,
+            examples = readers.read_table(path, s.text_column, s.text_pair_column if self.pairs else None,
                                           s.label_column, regression=self.regression)
-        if s.task == "pair" and any(e.text_pair is None for e in examples):
-            raise ValueError(f"{path}: the pair task needs a second text in every example")
+        if self.pairs and any(e.text_pair is None for e in examples):
+            raise ValueError(f"{path}: the {s.task} task needs a second text in every example")
         return _subsample(examples, limit, seed)
 
     def spec(self, train: list[readers.TextExample]) -> TaskSpec:
@@ -155,7 +156,7 @@ class NERAdapter(TaskAdapter):
     def spec(self, train: list[readers.NERExample]) -> TaskSpec:
         s = self.settings
         labels = s.labels or ner.ner_label_list(e.tags for e in train)
-        return TaskSpec(task="ner", labels=labels, max_seq_length=s.effective_max_seq_length(),
+        return TaskSpec(task=s.task, labels=labels, max_seq_length=s.effective_max_seq_length(),
                         doc_stride=s.effective_doc_stride())
 
     def features(self, examples, spec: TaskSpec) -> list[Feature]:
@@ -184,7 +185,7 @@ class QAAdapter(TaskAdapter):
     def spec(self, train: list[qa.QAExample]) -> TaskSpec:
         s = self.settings
         v2 = s.version_2_with_negative if s.version_2_with_negative is not None else any(e.is_impossible for e in train)
-        return TaskSpec(task="qa", max_seq_length=s.effective_max_seq_length(), doc_stride=s.effective_doc_stride(),
+        return TaskSpec(task=s.task, max_seq_length=s.effective_max_seq_length(), doc_stride=s.effective_doc_stride(),
                         max_query_length=s.max_query_length, version_2_with_negative=v2)
 
     def _windows(self, ex: qa.QAExample, spec: TaskSpec) -> list[qa.QAWindow]:
@@ -219,7 +220,7 @@ class MultipleChoiceAdapter(TaskAdapter):
         counts = sorted({len(e.choices) for e in train})
         if len(counts) != 1:
             raise ValueError(f"training examples have {counts} choices; a training set needs one count")
-        return TaskSpec(task="multiple-choice", max_seq_length=self.settings.effective_max_seq_length(),
+        return TaskSpec(task=self.settings.task, max_seq_length=self.settings.effective_max_seq_length(),
                         extra={"num_choices": counts[0]})
 
     def _encode(self, example, spec: TaskSpec) -> list:
@@ -253,7 +254,7 @@ class RerankAdapter(TaskAdapter):
     def spec(self, train: list[rerank.RerankExample]) -> TaskSpec:
         s = self.settings
         pointwise = s.ranking_loss == "pointwise"
-        return TaskSpec(task="rerank", max_seq_length=s.effective_max_seq_length(), doc_stride=s.effective_doc_stride(),
+        return TaskSpec(task=s.task, max_seq_length=s.effective_max_seq_length(), doc_stride=s.effective_doc_stride(),
                         problem_type=classification.MULTI_LABEL if pointwise else None,
                         extra={"ranking_loss": s.ranking_loss, "negatives": s.negatives})
 
@@ -283,9 +284,14 @@ class ChoiceFeature:
         return max(len(c) for c in self.choices) * len(self.choices)
 
 
-ADAPTERS = {"classification": ClassificationAdapter, "pair": ClassificationAdapter, "ner": NERAdapter,
-            "qa": QAAdapter, "multiple-choice": MultipleChoiceAdapter, "rerank": RerankAdapter}
+def has_adapter(task: str) -> bool:
+    """Can training read data for `task` (the task definition names an adapter of this module)?"""
+    return definition(task).training_adapter is not None
 
 
-def adapter_for(settings, tokenizer: Tokenizer):
-    return ADAPTERS[settings.task](settings, tokenizer)
+def adapter_for(settings, tokenizer: Tokenizer) -> TaskAdapter:
+    """The adapter the task definition of `settings.task` names, set up with these settings."""
+    name = definition(settings.task).training_adapter
+    if name is None:
+        raise ValueError(f"task {settings.task!r} has no training data adapter")
+    return globals()[name](settings, tokenizer)

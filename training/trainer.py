@@ -5,22 +5,24 @@ with a scalar "loss" (other 0-dim tensors there are logged as metrics), a map-st
 function that turns a list of items into the model's keyword arguments, and `TrainSettings`.
 
 What it does: AdamW (no weight decay on biases and LayerNorm weights), linear warmup then linear decay
-to 0, gradient accumulation, gradient clipping, AMP on CUDA (bf16, or fp16 with a GradScaler), DDP
-when launched by torchrun, a tqdm bar and a JSON-lines metrics log, and checkpoints that make resume
-after a kill exact: same seed, same per-step losses, same final weights as an uninterrupted run.
+to 0, gradient accumulation, gradient clipping, mixed precision (training/precision.py: bf16 autocast
+where the GPU or the CPU has it natively, fp16 with a GradScaler on older GPUs, fp32 weights and
+optimizer state always), DDP when launched by torchrun, a tqdm bar and a JSON-lines metrics log, and
+checkpoints that make resume after a kill exact: same seed, same per-step losses, same final weights
+as an uninterrupted run.
 
 How exact resume works. Every epoch's data order is a permutation drawn from a generator seeded by
-(seed, epoch) (with group_by_length: grouped so that micro-batches hold similar lengths, still a
-function of (seed, epoch) and the lengths), dealt to ranks like DistributedSampler, and cut into
-micro-batches. A checkpoint
-records the epoch and how many micro-batches of it were consumed, plus every random state (python,
+(seed, epoch) (training/data_order.py), dealt to ranks like DistributedSampler, and cut into
+micro-batches. A training state (training/training_state.py) records the epoch and how many
+micro-batches of it were consumed, plus every random state (training/random_state.py: python,
 numpy, torch, CUDA; per rank). Resuming rebuilds the epoch's batches and starts after the consumed
 ones, without loading them. DataLoaders get their own seeded generator so that creating one does not
 draw from the global torch RNG (the one dropout uses), and evaluation / saving run with the global
 random states saved and restored, so neither perturbs training.
 
-Layout of `output_dir`: metrics.jsonl, train_settings.json, checkpoints/step-00000123/trainer_state.pt,
-and final_model/ when an `on_save` hook is given.
+Layout of `output_dir`: metrics.jsonl (training/metrics_log.py), train_settings.json,
+checkpoints/step-00000123/trainer_state.pt, and final_model/ when an `on_save` hook is given. The
+optimizer and the learning-rate schedule are training/optimizer.py's.
 """
 
 from __future__ import annotations
@@ -29,21 +31,24 @@ import contextlib
 import json
 import logging
 import math
-import os
-import random
-import re
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
+from training.data_order import (
+    dataset_lengths,
+    derive_seed,
+    epoch_batches,
+    epoch_permutation,
+    length_grouped_permutation,
+)
 from training.distributed import (
     DistContext,
     any_rank,
@@ -51,20 +56,44 @@ from training.distributed import (
     broadcast_object,
     gather_objects,
     setup_distributed,
-    shard,
     teardown_distributed,
 )
+from training.metrics_log import METRICS_FILE, MetricsLog, Window, batch_size_of, merge_windows
+from training.optimizer import (
+    build_optimizer,
+    build_scheduler,
+    current_learning_rate,
+    linear_schedule,
+    parameter_groups,
+    replan,
+)
+from training.precision import autocast, precision_name, resolve_precision
+from training.random_state import capture_rng_state, preserved_rng, restore_rng_state, seed_everything
 from training.settings import TrainSettings
 from training.threads import default_threads
+from training.training_state import (
+    CHECKPOINTS_DIR,
+    STATE_FILE,
+    atomic_directory,
+    clean_stale_temporaries,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+)
+
+__all__ = [  # the loop, and the pieces it is made of (callers and tests import them from here)
+    "CHECKPOINTS_DIR", "FINAL_MODEL_DIR", "METRICS_FILE", "SETTINGS_FILE", "STATE_FILE", "Plan", "TrainResult",
+    "TrainSettings", "atomic_directory", "build_optimizer", "capture_rng_state", "clean_stale_temporaries",
+    "dataset_lengths", "epoch_batches", "epoch_permutation", "latest_checkpoint", "length_grouped_permutation",
+    "linear_schedule", "list_checkpoints", "load_checkpoint", "parameter_groups", "preserved_rng",
+    "restore_rng_state", "save_checkpoint", "train",
+]
 
 log = logging.getLogger(__name__)
 
-CHECKPOINTS_DIR = "checkpoints"
-STATE_FILE = "trainer_state.pt"
-METRICS_FILE = "metrics.jsonl"
 SETTINGS_FILE = "train_settings.json"
 FINAL_MODEL_DIR = "final_model"
-_STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
 @dataclass
@@ -86,6 +115,7 @@ class TrainResult:
     padded_tokens: int = 0  # the same batches' full width (what the model computed on)
     metrics_path: Path | None = None
     final_eval: dict[str, float] = field(default_factory=dict)
+    precision: str = "fp32"  # what the steps computed in: fp32, or bf16 / fp16 autocast (weights stay fp32)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
@@ -116,320 +146,8 @@ class Plan:
         return Plan(examples, micro, steps_per_epoch, total, min(warmup, total))
 
 
-# ---------------------------------------------------------------- optimizer and schedule
-
-
-def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Two AdamW groups: weight decay for weight matrices and embeddings, none for biases and LayerNorm."""
-    decay: list[nn.Parameter] = []
-    no_decay: list[nn.Parameter] = []
-    seen: set[int] = set()
-    for module in model.modules():
-        for name, param in module.named_parameters(recurse=False):
-            if not param.requires_grad or id(param) in seen:
-                continue  # tied weights (the MLM decoder and the word embeddings) appear once
-            seen.add(id(param))
-            exempt = name == "bias" or isinstance(module, nn.LayerNorm)
-            (no_decay if exempt else decay).append(param)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def build_optimizer(model: nn.Module, settings: TrainSettings, device: torch.device) -> torch.optim.AdamW:
-    """torch's AdamW, fused where this build supports it on `device`, else the foreach implementation."""
-    groups = parameter_groups(model, settings.weight_decay)
-    kwargs = {"lr": settings.learning_rate, "betas": (settings.adam_beta1, settings.adam_beta2), "eps": settings.adam_epsilon}
-    try:
-        return torch.optim.AdamW(groups, fused=True, **kwargs)
-    except (RuntimeError, ValueError, TypeError) as err:
-        log.debug("fused AdamW unavailable on %s (%s); using foreach", device, err)
-        return torch.optim.AdamW(groups, foreach=True, **kwargs)
-
-
-def linear_schedule(warmup_steps: int, total_steps: int) -> Callable[[int], float]:
-    """The learning-rate factor for LambdaLR: 0 -> 1 over warmup_steps, then linearly down to 0 at total_steps."""
-
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return step / max(1, warmup_steps)
-        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
-
-    return factor
-
-
-def resolve_amp(amp: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype, or None for fp32. Mixed precision is a CUDA feature here; the CPU trains in fp32."""
-    if device.type != "cuda":
-        if amp in ("bf16", "fp16"):
-            log.info("amp=%s needs CUDA; training in fp32 on %s", amp, device)
-        return None
-    if amp == "off":
-        return None
-    if amp == "auto":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.bfloat16 if amp == "bf16" else torch.float16
-
-
-# ---------------------------------------------------------------- data order
-
-
-def epoch_permutation(examples: int, seed: int, epoch: int) -> list[int]:
-    """The order of one epoch, a function of (seed, epoch) only."""
-    generator = torch.Generator().manual_seed(_derive_seed(seed, epoch))
-    return torch.randperm(examples, generator=generator).tolist()
-
-
-def length_grouped_permutation(lengths: Sequence[int], seed: int, epoch: int, group: int, chunk_groups: int) -> list[int]:
-    """An epoch order whose consecutive runs of `group` indices have similar lengths (transformers' group_by_length).
-
-    Shuffle, sort by length (longest first) inside chunks of `chunk_groups` groups, cut into groups,
-    shuffle the groups. A partial group (the tail of the last chunk) stays last so every other group
-    stays aligned to `group` boundaries. A function of (seed, epoch) and the lengths only, so resume
-    rebuilds it exactly. `group` is the micro-batch size times the world size: `shard` deals each
-    group round-robin, so every rank's micro-batch comes from one group.
-    """
-    generator = torch.Generator().manual_seed(_derive_seed(seed, epoch, 2))
-    order = torch.randperm(len(lengths), generator=generator).tolist()
-    chunk = group * chunk_groups
-    ordered: list[int] = []
-    for start in range(0, len(order), chunk):
-        ordered += sorted(order[start : start + chunk], key=lambda i: -lengths[i])  # stable: ties keep the shuffle
-    groups = [ordered[i : i + group] for i in range(0, len(ordered), group)]
-    tail = [groups.pop()] if len(groups[-1]) < group else []
-    shuffled = [groups[i] for i in torch.randperm(len(groups), generator=generator).tolist()]
-    return [i for g in shuffled + tail for i in g]
-
-
-def epoch_batches(examples: int, settings: TrainSettings, epoch: int, rank: int = 0, world_size: int = 1,
-                  lengths: Sequence[int] | None = None) -> list[list[int]]:
-    """This rank's micro-batches (lists of dataset indices) of `epoch`, in order.
-
-    With `settings.group_by_length`, `lengths` (one per example) is required.
-    """
-    if settings.group_by_length:
-        if lengths is None or len(lengths) != examples:
-            raise ValueError("group_by_length needs one length per example")
-        order = length_grouped_permutation(lengths, settings.seed, epoch, settings.batch_size * world_size,
-                                           settings.length_group_batches)
-    else:
-        order = epoch_permutation(examples, settings.seed, epoch)
-    mine = shard(order, rank, world_size)
-    return [mine[i : i + settings.batch_size] for i in range(0, len(mine), settings.batch_size)]
-
-
-def dataset_lengths(dataset: Any) -> list[int]:
-    """One length per item: the dataset's own `lengths` (a method or an array) when it has one, else len(item)."""
-    own = getattr(dataset, "lengths", None)
-    if own is not None:
-        return [int(n) for n in (own() if callable(own) else own)]
-    return [len(dataset[i]) for i in range(len(dataset))]
-
-
-def _derive_seed(*parts: int) -> int:
-    return int(np.random.SeedSequence(list(parts)).generate_state(1, np.uint64)[0] >> 1)
-
-
-# ---------------------------------------------------------------- random states
-
-
-def capture_rng_state() -> dict[str, Any]:
-    """Every global random state, as tensors and plain values (loadable with weights_only=True)."""
-    version, internal, gauss = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    return {
-        "python": {"version": version, "state": torch.tensor(internal, dtype=torch.int64), "gauss": gauss},
-        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "cached": float(cached)},
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-    }
-
-
-def restore_rng_state(state: dict[str, Any]) -> None:
-    py = state["python"]
-    random.setstate((py["version"], tuple(py["state"].tolist()), py["gauss"]))
-    npy = state["numpy"]
-    np.random.set_state((npy["kind"], npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"], npy["cached"]))
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-@contextlib.contextmanager
-def preserved_rng() -> Iterator[None]:
-    """Run a block (evaluation, saving) without moving the global random states training depends on."""
-    state = capture_rng_state()
-    try:
-        yield
-    finally:
-        restore_rng_state(state)
-
-
-def _seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-# ---------------------------------------------------------------- checkpoints
-
-
-@contextlib.contextmanager
-def atomic_directory(final: Path) -> Iterator[Path]:
-    """Yield a temporary sibling of `final` to fill; on success fsync it and rename it to `final`.
-
-    A reader sees either no `final` or a complete one: a kill or an exception while writing leaves at
-    most a hidden ".tmp-" folder (removed on exception here, and by `clean_stale_temporaries`).
-    """
-    final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
-        yield tmp
-        _fsync_tree(tmp)
-        if final.exists():  # replace: move the old one aside first, rename is atomic only onto nothing
-            old = final.parent / f".old-{final.name}-{os.getpid()}"
-            os.rename(final, old)
-            os.rename(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, final)
-        _fsync_path(final.parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(root: Path) -> None:
-    for dirpath, _, filenames in os.walk(root):
-        for name in filenames:
-            _fsync_path(Path(dirpath) / name)
-        _fsync_path(Path(dirpath))
-
-
-def clean_stale_temporaries(folder: Path) -> None:
-    """Remove the ".tmp-"/".old-" leftovers of a save that a kill interrupted."""
-    if folder.is_dir():
-        for child in folder.iterdir():
-            if child.name.startswith((".tmp-", ".old-")):
-                shutil.rmtree(child, ignore_errors=True)
-
-
-def list_checkpoints(output_dir: Path) -> list[Path]:
-    """Complete checkpoints in output_dir, oldest first."""
-    folder = Path(output_dir) / CHECKPOINTS_DIR
-    if not folder.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _STEP_DIR.match(p.name)) and (p / STATE_FILE).is_file()]
-    return [p for _, p in sorted(found)]
-
-
-def latest_checkpoint(output_dir: Path) -> Path | None:
-    found = list_checkpoints(output_dir)
-    return found[-1] if found else None
-
-
-def save_checkpoint(folder: Path, state: dict[str, Any]) -> Path:
-    """Write `state` (tensors, containers and plain values only) atomically to folder/trainer_state.pt."""
-    with atomic_directory(folder) as tmp:
-        torch.save(state, tmp / STATE_FILE)
-    return folder
-
-
-def load_checkpoint(folder: Path) -> dict[str, Any]:
-    """Read a training state with weights_only=True: no arbitrary objects are unpickled."""
-    return torch.load(Path(folder) / STATE_FILE, map_location="cpu", weights_only=True)
-
-
 def _unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
-
-
-# ---------------------------------------------------------------- the loop
-
-
-class _Window:
-    """Sums over one logging window of micro-batches; averaged (over all ranks) when logged."""
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        self.sums: dict[str, torch.Tensor] = {}
-        self.counts: dict[str, int] = {}
-        self.tokens = 0
-        self.padded_tokens = 0
-        self.examples = 0
-        self.started = time.perf_counter()
-
-    def add(self, key: str, value: torch.Tensor) -> None:
-        value = value.detach().float()
-        self.sums[key] = self.sums[key] + value if key in self.sums else value
-        self.counts[key] = self.counts.get(key, 0) + 1
-
-    def summary(self) -> dict[str, Any]:
-        return {"sums": {k: v.item() for k, v in self.sums.items()}, "counts": dict(self.counts),
-                "tokens": self.tokens, "padded_tokens": self.padded_tokens, "examples": self.examples}
-
-
-def _merge_windows(summaries: Sequence[dict[str, Any]]) -> tuple[dict[str, float], int, int, int]:
-    sums: dict[str, float] = {}
-    counts: dict[str, int] = {}
-    for s in summaries:
-        for key, value in s["sums"].items():
-            sums[key] = sums.get(key, 0.0) + value
-            counts[key] = counts.get(key, 0) + s["counts"][key]
-    means = {key: sums[key] / counts[key] for key in sums}
-    total = {key: sum(s[key] for s in summaries) for key in ("tokens", "padded_tokens", "examples")}
-    return means, total["tokens"], total["padded_tokens"], total["examples"]
-
-
-def _batch_size_of(batch: dict[str, Any]) -> tuple[int, int, int]:
-    """(examples, real tokens, padded tokens) of a collated batch; real tokens are the attention mask's ones."""
-    ids = batch.get("input_ids")
-    if not isinstance(ids, torch.Tensor):
-        return 0, 0, 0
-    mask = batch.get("attention_mask")
-    real = int(mask.sum()) if isinstance(mask, torch.Tensor) else int(ids.numel())
-    return int(ids.shape[0]), real, int(ids.numel())
-
-
-class _MetricsLog:
-    """metrics.jsonl, written by rank 0 only; one JSON object per line, flushed as written."""
-
-    def __init__(self, path: Path, enabled: bool, keep_through_step: int | None) -> None:
-        self.path = path
-        self.file = None
-        if not enabled:
-            return
-        kept: list[str] = []
-        if keep_through_step is not None and path.is_file():  # drop what a killed run logged after its checkpoint
-            for line in path.read_text(encoding="utf-8").splitlines():
-                with contextlib.suppress(json.JSONDecodeError):
-                    if line.strip() and json.loads(line).get("step", 0) <= keep_through_step:
-                        kept.append(line)
-        rewritten = path.with_name(path.name + ".tmp")  # replaced in one step: a kill here loses no lines
-        rewritten.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-        os.replace(rewritten, path)
-        self.file = path.open("a", encoding="utf-8")
-
-    def write(self, record: dict[str, Any]) -> None:
-        if self.file is not None:
-            self.file.write(json.dumps(record) + "\n")
-            self.file.flush()
-
-    def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
 
 
 def _progress_bar(ctx: DistContext, settings: TrainSettings, plan: Plan, start: int):
@@ -474,15 +192,15 @@ class _Run:
         self.lengths = dataset_lengths(dataset) if settings.group_by_length else None
         if self.ctx.device.type == "cpu" or settings.num_threads:
             torch.set_num_threads(settings.num_threads or default_threads())
-        _seed_everything(_derive_seed(settings.seed, ctx.rank))
+        seed_everything(derive_seed(settings.seed, ctx.rank))
 
         self.device = ctx.device
         self.model = model.to(self.device)
-        self.amp_dtype = resolve_amp(settings.amp, self.device)
+        self.amp_dtype = resolve_precision(settings.precision, self.device)
+        self.precision = precision_name(self.amp_dtype)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype == torch.float16)
         self.optimizer = build_optimizer(self.model, settings, self.device)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, linear_schedule(self.plan.warmup_steps, self.plan.total_steps))
+        self.scheduler = build_scheduler(self.optimizer, self.plan.warmup_steps, self.plan.total_steps)
         self.planned_steps = self.plan.total_steps
         self.step, self.epoch, self.micro_done, self.elapsed_before = 0, 0, 0, 0.0
         self.last_checkpoint: Path | None = None
@@ -541,7 +259,7 @@ class _Run:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             self._write_settings()
         keep = self.step if self.resumed_from is not None else None
-        self.metrics = _MetricsLog(self.output_dir / METRICS_FILE, ctx.is_main, keep)
+        self.metrics = MetricsLog(self.output_dir / METRICS_FILE, ctx.is_main, keep)
         self.bar = _progress_bar(ctx, s, plan, self.step)
         self.started = time.perf_counter()
         self.fit_from_step, self.fit_from_time = self.step, None
@@ -552,7 +270,7 @@ class _Run:
         start_step = self.step
         self.model.train()
         try:
-            window = _Window()
+            window = Window()
             if s.max_minutes is not None and self.elapsed_before >= s.max_minutes * 60:
                 stopped_by = "max_minutes"  # a resumed run whose budget was already spent
             while self.step < self.plan.total_steps and stopped_by == "steps":
@@ -575,7 +293,7 @@ class _Run:
         barrier(ctx)
         return self._result(stopped_by)
 
-    def _train_epoch(self, window: _Window) -> bool:
+    def _train_epoch(self, window: Window) -> bool:
         """Train from the current position to the end of the epoch (or of the run). True: out of time."""
         s, plan = self.settings, self.plan
         if hasattr(self.dataset, "set_epoch"):
@@ -584,7 +302,7 @@ class _Run:
         loader = torch.utils.data.DataLoader(
             self.dataset, batch_sampler=batches[self.micro_done :], collate_fn=self.collate,
             num_workers=s.num_workers, pin_memory=self.device.type == "cuda",
-            generator=torch.Generator().manual_seed(_derive_seed(s.seed, self.epoch, self.ctx.rank, 1)),
+            generator=torch.Generator().manual_seed(derive_seed(s.seed, self.epoch, self.ctx.rank, 1)),
         )
         micro_batches = iter(loader)
         while self.micro_done < len(batches) and self.step < self.plan.total_steps:
@@ -611,11 +329,11 @@ class _Run:
             self.epoch, self.micro_done = self.epoch + 1, 0
         return False
 
-    def _optimizer_step(self, micro_batches: Iterator[dict[str, Any]], group: int, window: _Window) -> None:
+    def _optimizer_step(self, micro_batches: Iterator[dict[str, Any]], group: int, window: Window) -> None:
         s = self.settings
         for i in range(group):
             batch = next(micro_batches)
-            examples, tokens, padded = _batch_size_of(batch)
+            examples, tokens, padded = batch_size_of(batch)
             window.examples += examples
             window.tokens += tokens
             window.padded_tokens += padded
@@ -625,7 +343,7 @@ class _Run:
             batch = {k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
             sync = i == group - 1 or not self.ctx.enabled
             with (contextlib.nullcontext() if sync else self.model.no_sync()):
-                with self._autocast():
+                with autocast(self.device, self.amp_dtype):
                     out = self.model(**batch)
                 loss = out["loss"]
                 self.scaler.scale(loss / group).backward()
@@ -633,7 +351,7 @@ class _Run:
             for key, value in out.items():
                 if key != "loss" and isinstance(value, torch.Tensor) and value.dim() == 0:
                     window.add(key, value)
-        self.learning_rate = self.scheduler.get_last_lr()[0]  # the rate this step applies
+        self.learning_rate = current_learning_rate(self.optimizer)  # the rate this step applies
         if s.max_grad_norm:
             self.scaler.unscale_(self.optimizer)
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.max_grad_norm)
@@ -642,11 +360,6 @@ class _Run:
         self.scaler.update()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-
-    def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.amp_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.amp_dtype)
 
     # -- a time budget that keeps the schedule whole
 
@@ -684,12 +397,7 @@ class _Run:
 
     def _set_plan(self, total: int, warmup: int) -> None:
         self.plan = replace(self.plan, total_steps=total, warmup_steps=warmup)
-        # LambdaLR reads its factor at every step: the decay now reaches 0 at the new end.
-        factor = self.scheduler.lr_lambdas[0] = linear_schedule(warmup, total)
-        # The rate of the coming step was computed with the old plan: recompute it with the new one.
-        for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
-            group["lr"] = base * factor(self.scheduler.last_epoch)
-        self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+        replan(self.scheduler, warmup, total)  # the decay now reaches 0 at the new end, from the coming step on
         if hasattr(self, "bar"):
             self.bar.total = total
 
@@ -704,11 +412,11 @@ class _Run:
 
     # -- logging, evaluation, saving
 
-    def _log(self, window: _Window) -> None:
+    def _log(self, window: Window) -> None:
         summaries = gather_objects(self.ctx, window.summary())
         if not self.ctx.is_main:
             return
-        means, tokens, padded, examples = _merge_windows(summaries)
+        means, tokens, padded, examples = merge_windows(summaries)
         seconds = max(time.perf_counter() - window.started, 1e-9)
         record = {"step": self.step, "epoch": round(self._epoch_progress(), 4), "loss": means.pop("loss"),
                   "learning_rate": self.learning_rate, "tokens_per_s": tokens / seconds,
@@ -755,6 +463,7 @@ class _Run:
                 "total_steps": self.plan.total_steps,
                 "warmup_steps": self.plan.warmup_steps,
                 "seed": self.settings.seed,
+                "precision": self.precision,
                 "geometry": self._geometry(),
             }
             save_checkpoint(folder, state)
@@ -784,7 +493,7 @@ class _Run:
             "effective_batch_size": self._effective_batch(),
             "plan": asdict(plan),
             "device": str(self.device),
-            "amp": str(self.amp_dtype) if self.amp_dtype else "off",
+            "precision": self.precision,
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
             "resumed_from": str(self.resumed_from) if self.resumed_from else None,
@@ -792,9 +501,9 @@ class _Run:
         (self.output_dir / SETTINGS_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
         log.info("train settings: %s", s.model_dump_json())
         log.info("training: %d examples, batch %d x accum %d x world %d = %d per step, %d steps/epoch, "
-                 "%d steps (warmup %d), device %s, amp %s", plan.examples, s.batch_size, s.grad_accum_steps,
+                 "%d steps (warmup %d), device %s, precision %s", plan.examples, s.batch_size, s.grad_accum_steps,
                  self.ctx.world_size, self._effective_batch(), plan.steps_per_epoch, plan.total_steps,
-                 plan.warmup_steps, self.device, record["amp"])
+                 plan.warmup_steps, self.device, self.precision)
 
     def _geometry(self) -> dict[str, Any]:
         """What fixes the data order: a checkpoint resumes exactly only under the same geometry."""
@@ -817,4 +526,5 @@ class _Run:
             fitted_to_budget=self.plan.total_steps != self.planned_steps, world_size=world, effective_batch_size=self._effective_batch(),
             threads=torch.get_num_threads(), real_tokens=self.run_tokens * world,
             padded_tokens=self.run_padded_tokens * world, metrics_path=self.output_dir / METRICS_FILE, final_eval=self.final_eval,
+            precision=self.precision,
         )

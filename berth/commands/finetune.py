@@ -47,7 +47,7 @@ GROUPS = {
               "label_all_tokens", "feature_based", "lstm_hidden_size", "lstm_layers", "negatives", "ranking_loss"],
     "training": ["epochs", "max_steps", "max_minutes", "fit_schedule_to_budget", "learning_rate", "batch_size",
                  "grad_accum_steps", "warmup_ratio", "warmup_steps", "weight_decay", "seed", "group_by_length",
-                 "num_threads", "device"],
+                 "num_threads", "device", "precision"],
 }
 OPTIONS = {
     "fit_schedule_to_budget": {"help": "with --max-minutes: keep the planned schedule and stop wherever the budget "

@@ -50,7 +50,7 @@ GROUPS = {
                   "short_seq_prob", "dupe_factor", "phase2_seq_length", "phase2_fraction"],
     "training": ["batch_size", "grad_accum_steps", "epochs", "max_steps", "max_minutes", "learning_rate",
                  "warmup_ratio", "warmup_steps", "weight_decay", "seed", "num_threads", "device", "log_every_steps",
-                 "eval_every_steps", "save_every_steps", "resume"],
+                 "eval_every_steps", "save_every_steps", "resume", "precision"],
     "evaluation": ["eval_mask_seed", "eval_batch_size", "eval_max_instances"],
 }
 OPTIONS = {

@@ -1,0 +1,114 @@
+"""Mixed precision: what `auto` picks on this CPU, and a forced bf16 fine-tune on the real checkpoint.
+
+The expected precision comes from /proc/cpuinfo (the kernel's flags), not from the torch probes the
+code uses; the dtypes of weights and AdamW moments are read back from the saved training state.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from tasks.tokenizer import load_tokenizer
+from tests.training.tiny_training import MaskedTokens, collate, tiny_pretraining_model
+from training import task_data
+from training.checkpoint import load_pretrained
+from training.finetune import FinetuneSettings, run_finetune
+from training.model import BertForSequenceClassification
+from training.precision import resolve_precision
+from training.settings import TrainSettings
+from training.trainer import latest_checkpoint, load_checkpoint, train
+
+SAMPLES = Path(__file__).resolve().parents[2] / "data" / "samples"
+TOPICS = SAMPLES / "topics" / "train.jsonl"
+
+
+def kernel_says_native_bf16() -> bool | None:
+    """True/False from /proc/cpuinfo's flags (avx512_bf16 or amx_bf16/amx_tile); None off Linux."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    lines = [line for line in text.splitlines() if line.startswith("flags")]
+    flags = lines[0].split(":", 1)[1].split() if lines else []
+    return bool({"avx512_bf16", "amx_bf16", "amx_tile"} & set(flags))
+
+
+def test_auto_follows_the_cpu_flags_and_the_run_records_it(tmp_path):
+    native = kernel_says_native_bf16()
+    if native is None:
+        pytest.skip("no /proc/cpuinfo to check the detection against")
+    expected = "bf16" if native else "fp32"
+    assert resolve_precision("auto", torch.device("cpu")) == (torch.bfloat16 if native else None)
+    settings = TrainSettings(output_dir=tmp_path, batch_size=4, max_steps=2, save_every_steps=2, seed=3,
+                             num_threads=1, progress_bar=False)
+    assert settings.precision == "auto"
+    result = train(tiny_pretraining_model(), MaskedTokens(size=8), collate, settings)
+    assert result.precision == expected
+    assert json.loads((tmp_path / "train_settings.json").read_text())["precision"] == expected
+    assert load_checkpoint(latest_checkpoint(tmp_path))["precision"] == expected
+
+
+def test_the_old_amp_setting_still_reads():
+    assert TrainSettings(output_dir="x", amp="off").precision == "fp32"
+    assert TrainSettings(output_dir="x", amp="bf16").precision == "bf16"
+
+
+def test_forcing_bf16_without_native_support_warns(caplog):
+    if kernel_says_native_bf16() is not False:
+        pytest.skip("this CPU has native bf16 (or cannot tell)")
+    with caplog.at_level(logging.WARNING, logger="training.precision"):
+        assert resolve_precision("bf16", torch.device("cpu")) == torch.bfloat16
+    assert "emulated" in caplog.text
+
+
+def _mean_loss(model: torch.nn.Module, batches: list[dict[str, torch.Tensor]]) -> float:
+    """Mean fp32 loss over the batches in eval mode (no dropout): the independent yardstick."""
+    model.eval()
+    with torch.no_grad():
+        losses = [float(model(**b)["loss"]) for b in batches]
+    model.train()
+    return sum(losses) / len(losses)
+
+
+def test_forced_bf16_trains_the_real_checkpoint_with_fp32_master_weights(tmp_path, base_path):
+    settings = FinetuneSettings(task="classification", train_file=TOPICS, out=tmp_path / "unused",
+                                max_train_examples=8, max_seq_length=24)
+    adapter = task_data.adapter_for(settings, load_tokenizer(base_path))
+    examples = adapter.read(TOPICS, limit=8, seed=0)
+    spec = adapter.spec(examples)
+    features = adapter.features(examples, spec)
+    torch.manual_seed(0)
+    model, _ = load_pretrained(BertForSequenceClassification, base_path, num_labels=len(spec.labels),
+                               classifier_pooling="mean")
+    batches = [task_data.collate(features)]
+    before = _mean_loss(model, batches)
+    loop = TrainSettings(output_dir=tmp_path / "state", precision="bf16", batch_size=4, max_steps=4,
+                         learning_rate=3e-4, warmup_steps=0, save_every_steps=4, num_threads=2, seed=0,
+                         progress_bar=False, group_by_length=True)
+    result = train(model, features, task_data.collate, loop)
+    assert result.precision == "bf16" and result.steps == 4
+    assert _mean_loss(model, batches) < 0.8 * before  # it learned (in fp32, the trained weights score better)
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    state = load_checkpoint(latest_checkpoint(tmp_path / "state"))
+    assert state["precision"] == "bf16"
+    assert all(t.dtype == torch.float32 for t in state["model"].values() if t.is_floating_point())
+    moments = [v for s in state["optimizer"]["state"].values() for k, v in s.items()
+               if k in ("exp_avg", "exp_avg_sq")]
+    assert moments and all(m.dtype == torch.float32 for m in moments)
+
+
+def test_a_bf16_finetune_saves_a_folder_that_loads(tmp_path, base_path):
+    out = tmp_path / "bf16"
+    settings = FinetuneSettings(task="classification", train_file=TOPICS, out=out, max_train_examples=8,
+                                max_seq_length=24, batch_size=4, max_steps=2, precision="bf16", num_threads=2)
+    run_finetune(settings)
+    record = json.loads((out / "finetune_run.json").read_text())
+    assert record["precision"] == "bf16" and record["train_result"]["precision"] == "bf16"
+    model, report = load_pretrained(BertForSequenceClassification, out)
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert not report.fresh and not report.unused and not report.resized  # every weight saved, every one read

@@ -1,0 +1,79 @@
+"""Which number format a training step computes in: fp32, or mixed precision under autocast.
+
+Mixed precision here is autocast only: the weights, their gradients and the optimizer's moments stay
+float32 (the master copy); matrix products run in the lower precision. What `auto` picks is detected,
+not assumed:
+
+- CUDA: bf16 where the GPU supports it, else fp16 with a GradScaler (fp16's range needs loss scaling).
+- CPU: bf16 where the CPU has native bf16 instructions (AVX-512 BF16 or AMX tiles), else fp32. A CPU
+  without them emulates bf16 (convert, compute in fp32, round), which costs time instead of saving it;
+  `bf16` can still be forced there (e.g. to test the path), with a warning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Literal
+
+import torch
+
+log = logging.getLogger(__name__)
+
+Precision = Literal["auto", "fp32", "bf16", "fp16"]
+NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def cpu_bf16_support() -> dict[str, bool]:
+    """The CPU's native bf16 features as this torch build detects them (False where it cannot tell)."""
+    cpu = torch.cpu
+    probes = {"avx512_bf16": "_is_avx512_bf16_supported", "amx_tile": "_is_amx_tile_supported"}
+    found: dict[str, bool] = {}
+    for name, probe in probes.items():
+        check = getattr(cpu, probe, None)
+        try:
+            found[name] = bool(check()) if check is not None else False
+        except RuntimeError:
+            found[name] = False
+    return found
+
+
+def cpu_has_native_bf16() -> bool:
+    """True when bf16 matrix products run in hardware on this CPU (AVX-512 BF16 or AMX)."""
+    return any(cpu_bf16_support().values())
+
+
+def resolve_precision(precision: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype for `precision` on `device`, or None for fp32."""
+    if precision == "fp32":
+        return None
+    if device.type == "cuda":
+        if precision == "auto":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.bfloat16 if precision == "bf16" else torch.float16
+    if device.type != "cpu":
+        if precision != "auto":
+            log.warning("precision=%s: no mixed precision on %s; training in fp32", precision, device)
+        return None
+    native = cpu_has_native_bf16()
+    if precision == "auto":
+        return torch.bfloat16 if native else None
+    if precision == "fp16":
+        log.warning("precision=fp16 needs CUDA (the CPU path is bf16); training in fp32 on %s", device)
+        return None
+    if not native:
+        log.warning("precision=bf16 on a CPU without native bf16 (no AVX-512 BF16, no AMX): emulated, so "
+                    "slower than fp32, not faster")
+    return torch.bfloat16
+
+
+def precision_name(dtype: torch.dtype | None) -> str:
+    """"fp32", "bf16" or "fp16": what a run record says it trained in."""
+    return "fp32" if dtype is None else NAMES[dtype]
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    """Autocast to `dtype` on `device`'s kind, or nothing for fp32."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
