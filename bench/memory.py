@@ -11,6 +11,14 @@ then is what a refusal costs). Writes JSON with the machine facts and prints a t
     python -m bench.memory --models models --out bench/results/memory-defaults.json
     python -m bench.memory --models /tmp/repo --only sentiment,embeddings --concurrency 4
     python -m bench.memory --table bench/results/memory-defaults.json    # the markdown table of a run
+
+`--idle` compares the sessions' memory settings (BERTH_ORT_SHARED_MEMORY false: a copy of the weights and
+an arena per ONNX Runtime session, as before; true: shared, with or without BERTH_ORT_PREPACK_WEIGHTS) in one
+run: the idle RSS of a server with the first model alone and with all of them, the growth per additional
+model, and, with `--peak`, the RSS peak while
+`--concurrency` copies of every model's heaviest request run at once:
+
+    python -m bench.memory --models models --idle --peak --out bench/results/memory-idle.json
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.machine import machine_facts
-from bench.service_load import REPO, serve_repository
+from bench.service_load import REPO, free_port, running, serve_repository
 
 SQUAD_SAMPLE = REPO / "data" / "samples" / "squad" / "dev.json"
 
@@ -146,6 +154,90 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+POLICIES = {  # the sessions' memory settings compared by --idle
+    "per-session": {"BERTH_ORT_SHARED_MEMORY": "false"},
+    "shared": {"BERTH_ORT_SHARED_MEMORY": "true", "BERTH_ORT_PREPACK_WEIGHTS": "true"},
+    "shared, not prepacked": {"BERTH_ORT_SHARED_MEMORY": "true", "BERTH_ORT_PREPACK_WEIGHTS": "false"},
+}
+
+
+def idle_server(repository: Path, names: list[str], policy: str, threads: int, work: Path, extra: list[str]):
+    import os
+    import sys
+
+    port = free_port()
+    command = [sys.executable, "-m", "berth.cli", "serve", "--models", str(repository), "--port", str(port),
+               "--threads", str(threads), "--log-level", "warning", *extra,
+               *[arg for n in names for arg in ("--model", n)]]
+    env = {**os.environ, **POLICIES[policy]}
+    tag = policy.replace(", ", "-").replace(" ", "-")
+    return port, running(command, port, work / f"idle-{tag}-{len(names)}.log", env=env)
+
+
+def settled_rss(pid: int, seconds: float = 3.0) -> float:
+    """RSS in MiB once the server is ready and has been left alone `seconds`."""
+    time.sleep(seconds)
+    return rss_bytes(pid) / 2**20
+
+
+def idle_comparison(args: argparse.Namespace, bundles: dict[str, Any], names: list[str], work: Path
+                    ) -> dict[str, Any]:
+    """Every policy, one after the other in this run: idle RSS with names[0] alone and with all of `names`;
+    with
+    --peak, the peak while every model's heaviest request runs --concurrency times at once."""
+    extra = ["--request-timeout", str(args.request_timeout)]
+    rows = []
+    for policy in POLICIES:
+        row: dict[str, Any] = {"policy": policy, "models": len(names)}
+        started = time.perf_counter()
+        port, server = idle_server(args.models, names[:1], policy, args.threads, work, extra)
+        with server as proc:
+            row["ready_seconds_first"] = time.perf_counter() - started
+            row["idle_first_mib"] = settled_rss(proc.pid)
+        started = time.perf_counter()
+        port, server = idle_server(args.models, names, policy, args.threads, work, extra)
+        with server as proc:
+            row["ready_seconds_all"] = time.perf_counter() - started
+            row["idle_all_mib"] = settled_rss(proc.pid)
+            if args.peak:
+                plans = []
+                for name in names:
+                    spec = bundles[name].spec()
+                    plan = heaviest(spec.task, spec.max_seq_length)
+                    if plan is not None:
+                        plans.append((plan[0], {**plan[1], "model": name}))
+                row["peak"] = measure_all(port, proc.pid, plans, args.concurrency)
+                row["after_load_mib"] = settled_rss(proc.pid)
+        growth = row["idle_all_mib"] - row["idle_first_mib"]
+        row["per_additional_model_mib"] = growth / max(1, len(names) - 1)
+        rows.append(row)
+        print(f"{policy:12s} idle {names[0]} alone {row['idle_first_mib']:.0f} MiB, all {len(names)} "
+              f"{row['idle_all_mib']:.0f} MiB, +{row['per_additional_model_mib']:.0f} MiB a model"
+              + (f", peak +{row['peak']['rss_peak_growth_mib']:.0f} MiB (status {row['peak']['status']})"
+                 if "peak" in row else ""), flush=True)
+    return {"idle": rows}
+
+
+def idle_markdown(result: dict[str, Any]) -> str:
+    machine = result["machine"]
+    models = result["models"]
+    lines = [f"{len(models)} models ({', '.join(models)}) from {result['repository']}; "
+             f"{machine['cpu_model']}, "
+             f"{machine['usable_cores']} cores, revision {machine['git_revision'][:8]}.", "",
+             f"| sessions' memory | idle, {models[0]} alone | idle, all {len(models)} "
+             "| each additional model "
+             "| peak during the heaviest requests | ready in (all) |", "|---|---:|---:|---:|---:|---:|"]
+    for row in result["idle"]:
+        peak = row.get("peak")
+        peak_text = (f"{row['idle_all_mib'] + peak['rss_peak_growth_mib']:.0f} MiB "
+                     f"(+{peak['rss_peak_growth_mib']:.0f}, {peak['inputs']} inputs x{peak['concurrency']}, "
+                     f"status {', '.join(map(str, peak['status']))})") if peak else "-"
+        lines.append(f"| {row['policy']} | {row['idle_first_mib']:.0f} MiB | {row['idle_all_mib']:.0f} MiB | "
+                     f"{row['per_additional_model_mib']:.0f} MiB | {peak_text} | "
+                     f"{row['ready_seconds_all']:.0f} s |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     from tasks.bundle import find_bundles, load_bundle
 
@@ -156,10 +248,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--request-timeout", type=float, default=600.0)
+    parser.add_argument("--idle", action="store_true", help="compare memory settings (idle RSS)")
+    parser.add_argument("--peak", action="store_true", help="with --idle: the heaviest requests' peak")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "memory.json")
     args = parser.parse_args(argv)
     if args.table is not None:
-        print(markdown(json.loads(args.table.read_text(encoding="utf-8"))))
+        run = json.loads(args.table.read_text(encoding="utf-8"))
+        print(idle_markdown(run) if "idle" in run else markdown(run))
         return 0
     if args.models is None:
         parser.error("--models is required (or --table FILE)")
@@ -170,6 +265,13 @@ def main(argv: list[str] | None = None) -> int:
                               "models": names, "rows": []}
     work = args.out.parent / "memory-logs"
     work.mkdir(parents=True, exist_ok=True)
+    if args.idle:
+        result.update(idle_comparison(args, bundles, names, work))
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        print(idle_markdown(result))
+        print(f"written {args.out}")
+        return 0
     # the default limits, but time enough for --concurrency of the heaviest requests on a small machine
     serve_args = [arg for n in names for arg in ("--model", n)] + ["--request-timeout", str(args.request_timeout)]
     port, server = serve_repository(args.models, args.threads, work, serve_args)

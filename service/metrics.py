@@ -3,10 +3,16 @@
 Names follow the guide: `berth_` prefix, base units, `_total` counters, `_seconds` histograms, and
 labels with bounded values only (model names come from the repository, never from the request;
 route templates, status codes, fixed reasons). docs/SERVICE.md has the table of names and meanings.
+
+With more than one server process (`berth serve --workers N`), `berth serve` sets PROMETHEUS_MULTIPROC_DIR for
+its workers: each writes its values to files there and /metrics, whichever worker answers it, adds up every
+worker's counters and histograms (those of workers that have exited included); each gauge says how it combines
+across the live workers (`multiprocess_mode`).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +31,13 @@ FAILURE_KINDS = ("timeout", "error", "nonfinite")  # why a pass counted against 
 CLOSE_REASONS = ("header_timeout", "over_limit", "head_too_large")  # connections the server closed itself
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+MULTIPROCESS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus-client's, read when it is imported
+
+
+def multiprocess_dir() -> str | None:
+    """The folder where the worker processes of one server write their metric values; None with one
+    process."""
+    return os.environ.get(MULTIPROCESS_DIR_ENV) or None
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +88,8 @@ class Metrics:
             "berth_items_failed", "Items answered 500 by inference: their pass failed even alone, ran past pass_timeout_s, "
             "or gave them NaN or infinite outputs", ["model"], registry=r)
         self.queue_depth = Gauge(
-            "berth_queue_depth", "Items waiting in the queue (not yet in a forward pass)", ["model"], registry=r)
+            "berth_queue_depth", "Items waiting in the queue (not yet in a forward pass)", ["model"],
+            registry=r, multiprocess_mode="livesum")
         self.items_dropped = Counter(
             "berth_items_dropped", "Admitted items dropped before their forward pass, by reason",
             ["model", "reason"], registry=r)
@@ -83,10 +97,10 @@ class Metrics:
             "berth_items_rejected", "Items refused at admission, by reason", ["model", "reason"], registry=r)
         self.model_info = Gauge(
             "berth_model_info", "Served models (value 1) with their task, precision and execution provider",
-            ["model", "task", "precision", "provider"], registry=r)
+            ["model", "task", "precision", "provider"], registry=r, multiprocess_mode="livemax")
         self.model_ready = Gauge(
             "berth_model_ready", "1 when the model is loaded, warmed up and not failing (see max_consecutive_failures)",
-            ["model"], registry=r)
+            ["model"], registry=r, multiprocess_mode="livemin")  # 1 only where every live worker has it ready
         self.canary_passes = Counter(
             "berth_canary_passes", "Canary passes (a warm-up shape) by kind (probe: on a timer while the model is not "
             "ready; confirm: after a pass whose every item failed) and outcome", ["model", "kind", "outcome"],
@@ -104,7 +118,7 @@ class Metrics:
 
         self.open_connections = Gauge(
             "berth_open_connections", "HTTP connections open now (those refused beyond max_connections not counted)",
-            registry=r)
+            registry=r, multiprocess_mode="livesum")
         self.connections_closed = Counter(
             "berth_connections_closed", "Connections the server closed itself, by reason: header_timeout (no "
             "complete request head within header_timeout_s), over_limit (beyond max_connections, after a 503), "
@@ -133,4 +147,12 @@ class Metrics:
         return ModelMetrics(*(getattr(self, name).labels(model) for name in ModelMetrics.__slots__))
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        """The text /metrics answers: this registry's values, or every worker's together (multiprocess
+        mode)."""
+        if multiprocess_dir() is None:
+            return generate_latest(self.registry)
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        combined = CollectorRegistry()
+        MultiProcessCollector(combined)
+        return generate_latest(combined)

@@ -39,8 +39,10 @@ from service.errors import ErrorType, ServiceError
 from service.metrics import Metrics
 from service.models import RepositoryError, ServedModel, canary_item, discover, load_model, resolve_model
 from service.settings import ServiceSettings
+from service.workers import WorkerBoard
 from tasks.bundle import Bundle
 from tasks.cpu import usable_cpus
+from tasks.onnx_session import CPU, MemoryPolicy, memory_policy, set_memory_policy, trim_heap
 
 log = logging.getLogger("berth.service")
 
@@ -78,9 +80,14 @@ class Runtime:
         self.admitting = True
         self.stop_deadline: float | None = None  # monotonic time by which in-flight work must be done
         self._loader: asyncio.Task | None = None
-        self.cpus = usable_cpus()
+        # with --workers N, each server process runs its passes on its share of the cores
+        self.cpus = max(1, usable_cpus() // settings.worker_count(usable_cpus()))
+        self.board: WorkerBoard | None = None  # --workers N: the workers' loaded flags, this one's index
+        self.worker_index = 0
         self.intra_op_threads = min(settings.intra_op_threads or self.cpus, self.cpus)
         self.compute_slots = ComputeSlots(self.cpus)
+        set_memory_policy(MemoryPolicy.serving(settings.ort_prepack_weights) if settings.ort_shared_memory
+                          else MemoryPolicy())
         self.tokenizer_pool = ThreadPoolExecutor(max_workers=settings.tokenizer_threads,
                                                  thread_name_prefix="berth-tokenizer")
         # the largest requests (up to max_chars_per_request) tokenize and decode on a thread of their own, so a few
@@ -91,7 +98,8 @@ class Runtime:
 
     @property
     def ready(self) -> bool:
-        return self.phase is Phase.READY and all(self.model_ready(name) for name in self.required_models)
+        return self.phase is Phase.READY and all(self.model_ready(name) for name in self.required_models) \
+            and (self.board is None or self.board.all_loaded())
 
     @property
     def required_models(self) -> list[str]:
@@ -143,6 +151,8 @@ class Runtime:
                     return
                 assert model.batcher is not None
                 self._arm_health_checks(model)
+                if memory_policy().shared_arena and model.provider == CPU:  # the heap pages loading left free
+                    await asyncio.to_thread(trim_heap)
                 model.batcher.start()
                 model.ready = True
                 self.models[name] = model
@@ -157,6 +167,8 @@ class Runtime:
             return
         tune_garbage_collector()
         self.phase = Phase.READY
+        if self.board is not None:
+            self.board.mark_loaded(self.worker_index)
         log.info("all %d model(s) ready in %.1f s", len(self.models), time.perf_counter() - started)
 
     def _arm_health_checks(self, model: ServedModel) -> None:

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 from tasks.inference import PASS_OUTPUT_BYTES
 
 ENV_PREFIX = "BERTH_"
+CORES_PER_WORKER = 4  # workers=0: one server process per this many usable cores (docs/SERVICE.md says why)
 
 
 class ServiceSettings(BaseModel):
@@ -134,6 +135,13 @@ class ServiceSettings(BaseModel):
         None, description="the rerank model of /rerank (default: the one rerank model served, when there is "
                           "exactly one)")
 
+    # -- server processes
+    workers: int = Field(
+        0, ge=0, description="server processes sharing the port, each with its own models, batchers and "
+                             "event loop and cores // N of the usable cores for ONNX Runtime (memory grows "
+                             "N-fold). 0: one per "
+                             f"{CORES_PER_WORKER} usable cores, so one below {2 * CORES_PER_WORKER} cores")
+
     # -- ONNX Runtime
     intra_op_threads: int = Field(
         0, ge=0, description="threads of a lone forward pass (0: the usable cores, cgroup CPU quota respected); "
@@ -150,6 +158,16 @@ class ServiceSettings(BaseModel):
     ort_spin_in_pass: bool = Field(
         True, description="let ONNX Runtime threads busy-wait between the operators of one pass, and sleep once "
                           "it ends (a lone pass runs faster; under load passes run single-threaded, where nothing spins)")
+    ort_shared_memory: bool = Field(
+        True, description="CPU: the sessions of one model share one copy of its weights, and every session "
+                          "one memory arena growing by what is asked (false: ONNX Runtime's default, a copy "
+                          "and "
+                          "an arena per session; docs/SERVICE.md measures both)")
+    ort_prepack_weights: bool = Field(
+        True, description="with ort_shared_memory: let ONNX Runtime prepack the GEMM weights of each "
+                          "session, a packed copy per session (false: ~30 MB less a small int8 model, whose "
+                          "logits then differ in rounding by up to ~0.02 from a default session's; "
+                          "docs/SERVICE.md)")
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="auto: CUDA when present and fit for the bundle's precision (never for int8), else CPU"
     )
@@ -205,6 +223,10 @@ class ServiceSettings(BaseModel):
                 values[name] = _parse_env(raw, field.annotation)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
+
+    def worker_count(self, cores: int) -> int:
+        """Server processes on a machine of `cores` usable cores: `workers`, or one per CORES_PER_WORKER."""
+        return self.workers or max(1, cores // CORES_PER_WORKER)
 
     def describe(self) -> dict[str, Any]:
         """The effective settings as plain JSON values, the API key masked."""

@@ -5,7 +5,8 @@ The API key is read from BERTH_API_KEY only, so it never shows in a process list
 refused. SIGTERM drains: /readyz turns 503 at once while requests are still served for --drain-delay
 seconds (so load balancers notice), then new requests are refused (the listener closes), queued and
 in-flight ones finish within --shutdown-timeout seconds (0: not waited for), and the process exits 0.
-Ctrl-C (or a second SIGTERM) skips the drain delay.
+Ctrl-C (or a second SIGTERM) skips the drain delay. With --workers N (berth/commands/workers.py), N processes
+serve on one port, each draining so on the signal the parent passes on.
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ GROUPS = {
     "connections": ["header_timeout_s", "keep_alive_timeout_s", "max_connections"],
     "health and trust": ["max_consecutive_failures", "canary_interval_s", "pass_timeout_s", "ready_models",
                          "bundle_public_key"],
+    "server processes": ["workers"],
     "ONNX Runtime and threads": ["intra_op_threads", "parallel_passes", "tokenizer_threads", "ort_spinning",
-                                 "ort_spin_in_pass"],
+                                 "ort_spin_in_pass", "ort_shared_memory", "ort_prepack_weights"],
     "logs and shutdown": ["log_level", "log_json", "drain_delay_s", "shutdown_timeout_s"],
 }
 OPTIONS = {  # --model NAME, repeated (as before), not a comma-separated list
@@ -84,13 +86,11 @@ log = logging.getLogger("berth.service")
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
     from pydantic import ValidationError
 
-    from service.app import create_app
-    from service.connections import connection_protocol
     from service.models import RepositoryError
-    from service.runtime import Phase, Runtime
+    from service.runtime import Runtime
+    from tasks.cpu import usable_cpus
 
     try:
         settings = settings_from_args(args)
@@ -99,7 +99,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     # encode_batch's Rust pool: as many threads as the tokenizer workers, not one per host core
     os.environ.setdefault("RAYON_NUM_THREADS", str(settings.tokenizer_threads))
-    log_config = configure_logging(settings.log_level, settings.log_json)
+    configure_logging(settings.log_level, settings.log_json)
+    workers = settings.worker_count(usable_cpus())
+    settings = settings.model_copy(update={"workers": workers})
     print("berth serve settings: " + json.dumps(settings.describe(), sort_keys=True), file=sys.stderr, flush=True)
     runtime = Runtime(settings)
     try:
@@ -107,6 +109,37 @@ def run(args: argparse.Namespace) -> int:
     except RepositoryError as error:
         print(f"berth serve: {error}", file=sys.stderr)
         return 2
+    if workers == 1:
+        return serve(settings, runtime)
+    from berth.commands.workers import supervise
+
+    return supervise(settings, workers, serve_worker)
+
+
+def serve_worker(settings: ServiceSettings, sock: Any, board: Any, index: int) -> None:
+    """One of `--workers N` server processes (berth/commands/workers.py): serves on the parent's socket."""
+    from berth.commands.workers import detach_from_terminal_group
+    from service.runtime import Runtime
+
+    detach_from_terminal_group()
+    os.environ.setdefault("RAYON_NUM_THREADS", str(settings.tokenizer_threads))
+    configure_logging(settings.log_level, settings.log_json)
+    runtime = Runtime(settings)
+    runtime.board, runtime.worker_index = board, index
+    runtime.discover()
+    sys.exit(serve(settings, runtime, sockets=[sock]))
+
+
+def serve(settings: ServiceSettings, runtime: Any, sockets: list[Any] | None = None) -> int:
+    """Serve `runtime`'s models until SIGTERM / SIGINT (drained as the module says); on `sockets` when given
+    (a worker), else on settings.host:port."""
+    import uvicorn
+
+    from service.app import create_app
+    from service.connections import connection_protocol
+    from service.runtime import Phase
+
+    log_config = {"version": 1, "disable_existing_loggers": False}  # configure_logging's handlers stay
 
     class Server(uvicorn.Server):
         drain_until: float | None = None
@@ -138,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
         http=connection_protocol(settings, runtime.metrics), timeout_keep_alive=settings.keep_alive_timeout_s,  # a float works
     )
     server = Server(config)
-    server.run()
+    server.run(sockets=sockets)
     if runtime.phase is Phase.FAILED:
         print(f"berth serve: loading the models failed: {runtime.failure}", file=sys.stderr)
         return 1

@@ -1,0 +1,114 @@
+"""The sessions of one model share one copy of its weights (tasks/onnx_weights.py, tasks/onnx_session.py's
+MemoryPolicy): the initializers taken out of the model are the onnx package's own reading of them, sessions
+built on the shared copy answer as ONNX Runtime's default session on the original file (fp32 within the export
+parity gate's tolerance; int8 bit for bit with prepacked weights), and a real server with the policy on and
+off gives the same answers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from tasks import onnx_session
+from tasks.onnx_weights import large_initializers
+from tests.service.conftest import ServerProcess
+
+onnx = pytest.importorskip("onnx")
+FP32_MAX_ABS_DIFF = 1e-4  # the export parity gate's fp32 bound (export/parity.py)
+TEXTS = ["A charming and often affecting journey.", "Unflinchingly bleak and desperate.",
+         "It is a film of great beauty, " * 20]
+
+
+@pytest.fixture(scope="module")
+def int8_model(bundle_repository, tmp_path_factory) -> Path:
+    """The sentiment bundle's graph quantized as export quantizes int8 bundles (dynamic, per channel off)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    target = tmp_path_factory.mktemp("int8") / "model.onnx"
+    source = bundle_repository / "sentiment" / "model.onnx"
+    quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8)
+    return target
+
+
+def feeds(session, batch: int, length: int, seed: int) -> dict[str, np.ndarray]:
+    ids = np.random.default_rng(seed).integers(1000, 20_000, (batch, length))
+    out = {}
+    for node in session.get_inputs():
+        if "mask" in node.name:
+            out[node.name] = np.ones((batch, length), np.int64)
+        elif "type" in node.name:
+            out[node.name] = np.zeros((batch, length), np.int64)
+        else:
+            out[node.name] = ids
+    return out
+
+
+@pytest.mark.parametrize("which", ["fp32", "int8"])
+def test_the_shared_weights_are_the_onnx_packages_reading(bundle_repository, int8_model, which):
+    from onnx import numpy_helper
+
+    path = bundle_repository / "sentiment" / "model.onnx" if which == "fp32" else int8_model
+    weights = large_initializers(path.read_bytes())
+    model = onnx.load(str(path))
+    expected = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer
+                if t.raw_data and len(t.raw_data) >= 1024}
+    assert expected and set(weights) == set(expected)
+    for name, values in weights.items():
+        assert values.dtype == expected[name].dtype and np.array_equal(values, expected[name]), name
+        assert values.flags.owndata  # not a view keeping the model's bytes alive
+
+
+@pytest.mark.parametrize("prepacking", [False, True])
+@pytest.mark.parametrize("which", ["fp32", "int8"])
+def test_sessions_on_shared_weights_answer_as_the_default_session(bundle_repository, int8_model, which,
+                                                                  prepacking):
+    path = bundle_repository / "sentiment" / "model.onnx" if which == "fp32" else int8_model
+    data = path.read_bytes()
+    try:
+        onnx_session.set_memory_policy(onnx_session.MemoryPolicy())
+        reference, _ = onnx_session.create_session(path, which, 2, prefer_gpu=False)
+        onnx_session.set_memory_policy(onnx_session.MemoryPolicy.serving(prepacking))
+        wide, _ = onnx_session.create_session(data, which, 2, prefer_gpu=False)
+        narrow, _ = onnx_session.create_session(data, which, 1, prefer_gpu=False)
+    finally:
+        onnx_session.set_memory_policy(onnx_session.MemoryPolicy())
+    assert wide.berth_shared_weights is narrow.berth_shared_weights is not None  # one copy for both
+    for batch, length, seed in [(1, 9, 0), (4, 40, 1), (2, 128, 2)]:
+        expected = reference.run(None, feeds(reference, batch, length, seed))
+        for session in (wide, narrow):
+            got = session.run(None, feeds(session, batch, length, seed))
+            for e, g in zip(expected, got):
+                if which == "int8" and not prepacking:
+                    assert np.abs(e - g).max() <= 0.05  # the unpacked int8 GEMM rounds differently
+                elif which == "int8":
+                    assert np.array_equal(e, g)
+                else:
+                    assert np.abs(e - g).max() <= FP32_MAX_ABS_DIFF
+
+
+def test_a_server_answers_the_same_with_shared_memory_on_and_off(bundle_repository, tmp_path):
+    answers = {}
+    for shared in ("true", "false"):
+        proc = ServerProcess(bundle_repository, tmp_path / f"shared-{shared}.log",
+                             args=["--model", "sentiment", "--model", "embeddings"],
+                             env={"BERTH_ORT_SHARED_MEMORY": shared})
+        try:
+            proc.wait_ready()
+            labels = httpx.post(proc.url + "/v1/classify", json={"inputs": TEXTS, "model": "sentiment",
+                                                                  "top_k": 2}, timeout=60)
+            vectors = httpx.post(proc.url + "/v1/embed", json={"inputs": TEXTS, "model": "embeddings"},
+            timeout=60)
+            assert labels.status_code == vectors.status_code == 200, proc.log()
+            answers[shared] = (labels.json()["results"], vectors.json()["results"])
+        finally:
+            proc.stop()
+    (labels_on, vectors_on), (labels_off, vectors_off) = answers["true"], answers["false"]
+    assert [[r["label"] for r in result] for result in labels_on] == \
+        [[r["label"] for r in result] for result in labels_off]
+    for on, off in zip(labels_on, labels_off):
+        assert np.allclose([r["score"] for r in on], [r["score"] for r in off], atol=FP32_MAX_ABS_DIFF)
+    for on, off in zip(vectors_on, vectors_off):
+        assert np.abs(np.array(on["embedding"]) - np.array(off["embedding"])).max() <= FP32_MAX_ABS_DIFF
