@@ -4,7 +4,9 @@ It serves the same fine-tuned checkpoint folder as berth's bundle (PyTorch, fp32
 and request shape for one input (/v1/classify, /v1/pair, /v1/ner, /v1/qa; the pipeline's own result),
 so the load benchmark drives both with the same request: `text-classification` (with `text_pair` for
 pairs), `token-classification` with simple aggregation, `question-answering` with the checkpoint's
-window settings. The endpoint is a plain `def` (FastAPI runs it in its thread pool); an
+window settings; embeddings with sentence-transformers' `encode` (also on OpenAI's `/v1/embeddings`), and
+rerank with sentence-transformers' `CrossEncoder.predict` of every (query, document) pair in one call
+(`/v1/rerank`, Cohere's request: the documents most relevant first). The endpoint is a plain `def` (FastAPI runs it in its thread pool); an
 `async def` calling the pipeline inline would block the event loop outright (GUIDE.md §5).
 
     .venv/bin/python -m bench.naive_peer --checkpoint <fine-tuned folder> --task ner --port 8001 [--threads 2]
@@ -22,7 +24,8 @@ from pydantic import BaseModel
 
 PIPELINES = {"classification": "text-classification", "pair": "text-classification",
              "ner": "token-classification", "qa": "question-answering", "fill-mask": "fill-mask",
-             "embedding": "sentence-transformers", "multiple-choice": "multiple-choice (by hand)"}
+             "embedding": "sentence-transformers", "multiple-choice": "multiple-choice (by hand)",
+             "rerank": "sentence-transformers CrossEncoder"}
 
 
 class Text(BaseModel):
@@ -31,6 +34,18 @@ class Text(BaseModel):
 
 class Pair(BaseModel):
     inputs: dict[str, str]
+
+
+class OpenAIEmbeddings(BaseModel):
+    input: str | list[str]
+    model: str | None = None
+
+
+class Rerank(BaseModel):
+    query: str
+    documents: list[str]
+    top_n: int | None = None
+    model: str | None = None
 
 
 def _plain(value: Any) -> Any:
@@ -56,6 +71,13 @@ def create_app(checkpoint: str, threads: int, task: str = "classification") -> F
         model = SentenceTransformer(checkpoint, device="cpu")
     elif task == "multiple-choice":
         model = _chooser(checkpoint)
+    elif task == "rerank":
+        from sentence_transformers import CrossEncoder
+
+        # the checkpoint's own window (berth_task.json), as berth serves it
+        task_file = Path(checkpoint) / "berth_task.json"
+        max_length = json.loads(task_file.read_text()).get("max_seq_length") if task_file.is_file() else None
+        model = CrossEncoder(checkpoint, device="cpu", max_length=max_length)
     else:
         kwargs = {"aggregation_strategy": "simple"} if task == "ner" else {}
         model = pipeline(PIPELINES[task], model=checkpoint, device=-1, **kwargs)
@@ -86,6 +108,19 @@ def create_app(checkpoint: str, threads: int, task: str = "classification") -> F
         @app.post("/v1/embed")
         def embed(body: Text) -> dict:
             return {"model": "naive", "results": [model.encode(body.inputs).tolist()]}
+
+        @app.post("/v1/embeddings")
+        def embeddings(body: OpenAIEmbeddings) -> dict:
+            texts = [body.input] if isinstance(body.input, str) else body.input
+            vectors = model.encode(texts).tolist()
+            return {"object": "list", "model": body.model or "naive",
+                    "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)]}
+    elif task == "rerank":
+        @app.post("/v1/rerank")
+        def rerank(body: Rerank) -> dict:
+            scores = model.predict([(body.query, document) for document in body.documents]).tolist()
+            ranked = sorted(range(len(scores)), key=lambda i: -scores[i])[:body.top_n]
+            return {"model": "naive", "results": [{"index": i, "relevance_score": scores[i]} for i in ranked]}
     else:
         @app.post("/v1/choice")
         def choose(body: Choice) -> dict:

@@ -9,8 +9,14 @@ fine-tuned models):
 2. **berth serve** (a real server on 127.0.0.1) under `hey` (a Go HTTP load generator from Debian:
    `apt-get install hey`) at each concurrency level, one request = one input, closed loop;
 3. the **naive peer** (bench/naive_peer.py: FastAPI + a transformers pipeline / sentence-transformers,
-   one forward per request) on the same fine-tuned checkpoints (by default those the bundles' manifests
-   name), under the same levels.
+   one forward per request; rerank: sentence-transformers' `CrossEncoder.predict`) on the same fine-tuned
+   checkpoints (by default those the bundles' manifests name), under the same levels;
+4. on the OpenAI `/v1/embeddings` workloads (one short text, one ~120-token text, 8 short texts), **Infinity**
+   (bench/infinity_peer.py, its own venv; skipped with the reason when missing) on the embedding bundle's source
+   checkpoint, its `optimum` (ONNX Runtime) and `torch` engines in turn, under berth's levels.
+The `rerank` workload is one SQuAD v1.1 dev question with 20 paragraphs cut to ~100 tokens (one window each in a
+128-token model), posted to `/v1/rerank`; it runs at its own levels (--rerank-concurrency, --rerank-seconds) and
+engine batches (--rerank-batch-sizes: requests of 20 sequences).
 The generator's own CPU time is measured (its rusage) and reported as a share of the machine, beside the
 server's. Every level is bounded in time (--seconds); only 127.0.0.1 is used.
 
@@ -88,19 +94,49 @@ def workloads(tokenizer) -> dict[str, dict[str, Any]]:
         # SWAG-like: a context and four endings (one model input each)
         "choice": {"task": "multiple-choice", "body": {"inputs": {"context": sst2[1].text, "choices": [
             e.text for e in sst2[2:6]]}}},
+        # OpenAI's /v1/embeddings (what Infinity serves too): one short text, one ~120-token text, 8 short texts
+        **{name: {"task": "embedding", "route": "/v1/embeddings", "body": {"input": texts, "model": None},
+                  "engine_inputs": texts if isinstance(texts, list) else [texts], "infinity": True}
+           for name, texts in (("embeddings", short), ("embeddings-long", " ".join(words)),
+                               ("embeddings-8", [e.text for e in sst2[20:28]]))},
+        "rerank": rerank_workload(tokenizer, squad),
     }
 
 
-def request_inputs(bundle, tokenizer, body: dict) -> list[Any]:
-    """The model inputs (sequences / windows) berth makes of one request body: its task's own `prepare`."""
+def rerank_workload(tokenizer, squad: list, documents: int = 20, tokens: int = 100) -> dict[str, Any]:
+    """A SQuAD v1.1 dev question and `documents` paragraphs of its article and the next ones (its own first), each
+    cut at a word boundary to at most `tokens` tokens (paragraphs shorter than that are passed over)."""
+    paragraphs = [c for c in dict.fromkeys(e.context for e in squad)
+                  if len(tokenizer.encode(c, add_special_tokens=False).ids) >= tokens]
+    cut = [_cut_to_tokens(tokenizer, text, tokens) for text in paragraphs[:documents]]
+    return {"task": "rerank", "body": {"query": squad[0].question, "documents": cut},
+            "engine_inputs": [{"query": squad[0].question, "documents": cut}]}
+
+
+def _cut_to_tokens(tokenizer, text: str, tokens: int) -> str:
+    """`text` up to the end of its `tokens`-th token, less a word cut in two."""
+    end = tokenizer.encode(text, add_special_tokens=False).offsets[tokens - 1][1]
+    kept = text[:end]
+    if end < len(text) and text[end].isalnum():
+        kept = kept.rsplit(" ", 1)[0]
+    return kept
+
+
+def request_inputs(bundle, tokenizer, load: dict) -> list[Any]:
+    """The model inputs (sequences / windows) berth makes of one request: its task's own `prepare` of each input
+    (the body's `inputs`, or the workload's `engine_inputs` where its route has another request shape)."""
     from types import SimpleNamespace
 
     task = definition(bundle.task)
-    options = task.options.model_validate({k: v for k, v in body.items() if k != "inputs"})
-    raw = body["inputs"]
-    if isinstance(raw, dict):  # an input object (a pair, a question with its context...): read by attribute
-        raw = SimpleNamespace(**raw)
-    return list(task.prepare(tokenizer, bundle.spec(), raw, options).items)
+    if "engine_inputs" in load:
+        options, raws = task.options(), load["engine_inputs"]
+    else:
+        body = load["body"]
+        options = task.options.model_validate({k: v for k, v in body.items() if k != "inputs"})
+        raws = [body["inputs"]]
+    # an input object (a pair, a question with its context...) is read by attribute
+    raws = [SimpleNamespace(**raw) if isinstance(raw, dict) else raw for raw in raws]
+    return [item for raw in raws for item in task.prepare(tokenizer, bundle.spec(), raw, options).items]
 
 
 # -- 1. the raw engine ---------------------------------------------------------------------------------------
@@ -172,22 +208,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _ready(port: int) -> bool:
+def _ready(port: int, path: str = "/readyz") -> bool:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as response:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as response:
             return response.status == 200
     except OSError:
         return False
 
 
 @contextmanager
-def running(command: list[str], port: int, log: Path, timeout: float = 600):
-    """A server subprocess, yielded once GET /readyz answers 200; stopped with SIGTERM after."""
+def running(command: list[str], port: int, log: Path, timeout: float = 600, ready_path: str = "/readyz",
+            cwd: Path = REPO, env: dict[str, str] | None = None):
+    """A server subprocess, yielded once GET `ready_path` answers 200; stopped with SIGTERM after."""
     with open(log, "wb") as out:
-        proc = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(command, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=env)
         try:
             deadline = time.monotonic() + timeout
-            while not _ready(port):
+            while not _ready(port, ready_path):
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"{command[:4]} did not become ready; see {log}")
                 time.sleep(0.5)
@@ -353,9 +390,10 @@ def summarize(result: dict[str, Any]) -> list[dict[str, Any]]:
         for precision, levels in per_precision.items():
             engine = result["engine"][name][precision]
             by_clients = {row["clients"]: row for row in levels}
-            one, many = by_clients.get(1), by_clients.get(32)
+            top = 32 if 32 in by_clients else max(by_clients)  # rerank's levels stop lower (--rerank-concurrency)
+            one, many = by_clients.get(1), (by_clients[top] if top != 1 else None)
             beside = naive.get(precision, {})
-            peer32 = beside.get(32) or beside.get("32")  # (a JSON round trip makes the key a string)
+            peer32 = beside.get(top) or beside.get(str(top))  # (a JSON round trip makes the key a string)
             long = name in LONG_WORKLOADS
             row = {"workload": name, "precision": precision,
                    "engine_best_rps": engine["best_requests_per_s"], "engine_batch1_p50_ms": engine["batch1_p50_ms"],
@@ -363,7 +401,7 @@ def summarize(result: dict[str, Any]) -> list[dict[str, Any]]:
                    "engine_parallel_rps": engine.get("parallel_best_requests_per_s"),
                    "engine_best_items_per_pass": engine["best_batch"] * engine.get("items_per_request", 1)}
             if many:
-                row.update(rps_32=many["requests_per_s"], p50_32=many.get("p50_ms"), p99_32=many.get("p99_ms"),
+                row.update(clients_many=top, rps_32=many["requests_per_s"], p50_32=many.get("p50_ms"), p99_32=many.get("p99_ms"),
                            share_of_engine=many["requests_per_s"] / engine["best_requests_per_s"],
                            share_target=0.85 if long else 0.90,
                            p99_over_p50=many["p99_ms"] / many["p50_ms"] if many.get("p99_ms") and many.get("p50_ms")
@@ -383,6 +421,64 @@ def summarize(result: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def infinity_summary(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per embedding workload Infinity ran: berth (each precision) and each Infinity engine, one and many clients."""
+    rows = []
+    for name, engines in result.get("infinity", {}).items():
+        row: dict[str, Any] = {"workload": name}
+        systems = {f"berth-{p}": levels for p, levels in result["berth"].get(name, {}).items()}
+        systems |= {f"infinity-{engine}": levels for engine, levels in engines.items()}
+        for system, levels in systems.items():
+            by_clients = {level["clients"]: level for level in levels}
+            top = max(by_clients)
+            row[system] = {"p50_1": (by_clients.get(1) or {}).get("p50_ms"), "clients": top,
+                           "rps_many": by_clients[top]["requests_per_s"], "p99_many": by_clients[top].get("p99_ms")}
+        rows.append(row)
+    return rows
+
+
+def infinity_markdown(result: dict[str, Any]) -> list[str]:
+    """berth against Infinity per /v1/embeddings workload: req/s at the most clients, one client's p50, ratios."""
+    rows = infinity_summary(result)
+    if not rows:
+        return [f"\nInfinity: not run ({result['infinity_skipped']})."] if result.get("infinity_skipped") else []
+    systems = [k for k in rows[0] if k != "workload"]
+    berths = [k for k in systems if k.startswith("berth-")]
+    peers = [k for k in systems if k.startswith("infinity-")]
+    top = rows[0][systems[0]]["clients"]
+    lines = ["", f"| workload | {' | '.join(f'{k} req/s @{top} (p50 @1 ms)' for k in systems)} | "
+             + " | ".join(f"{b} / {i}" for b in berths for i in peers) + " |",
+             "|---|" + "---|" * (len(systems) + len(berths) * len(peers))]
+    for row in rows:
+        cells = [f"{_f(row[k]['rps_many'])} ({_f(row[k]['p50_1'])})" if k in row else "–" for k in systems]
+        ratios = [_f(row[b]["rps_many"] / row[i]["rps_many"], ".2f") + "×" if b in row and i in row else "–"
+                  for b in berths for i in peers]
+        lines.append(f"| {row['workload']} | " + " | ".join(cells + ratios) + " |")
+    versions = result.get("infinity_version") or {}
+    lines.append(f"\nInfinity: {', '.join(f'{k} {v}' for k, v in versions.items())}.")
+    return lines
+
+
+def rerank_markdown(summary: list[dict[str, Any]], result: dict[str, Any]) -> list[str]:
+    """The rerank rows: requests (one query, its documents) and documents per second, berth, engine, naive peer."""
+    rows = [row for row in summary if row["workload"] == "rerank"]
+    if not rows:
+        return []
+    documents = result["workloads"]["rerank"]["model_inputs"]
+    lines = ["", f"| rerank ({documents} documents a request) | engine best req/s (docs/s) | engine batch-1 ms | "
+             "berth p50 @1 ms | berth req/s (docs/s) @N | share of engine | CrossEncoder req/s @N | × CrossEncoder |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        many = row.get("clients_many")
+        lines.append(
+            f"| {row['precision']} | {_f(row['engine_best_rps'], '.2f')} ({_f(row['engine_best_rps'] * documents)}) | "
+            f"{_f(row['engine_batch1_p50_ms'])} | {_f(row.get('p50_1'))} | {_f(row.get('rps_32'), '.2f')} "
+            f"({_f((row.get('rps_32') or 0) * documents)}) @{many} | "
+            f"{_f(100 * row.get('share_of_engine', float('nan')), '.0f')}% | "
+            f"{_f(row.get('naive_rps_32'), '.2f')} @{many} | {_f(row.get('vs_naive'), '.1f')}× |")
+    return lines
+
+
 def _pct(share: float | None) -> float | None:
     return None if share is None else 100 * share
 
@@ -399,7 +495,8 @@ def report_markdown(result: dict[str, Any]) -> str:
     for row in result["summary"]:
         lines.append(
             f"| {row['workload']} | {row['precision']} | {_f(row['engine_best_rps'])} "
-            f"({_f(row.get('engine_one_pass_rps'))} / {_f(row.get('engine_parallel_rps'))}) | {_f(row.get('rps_32'))} | "
+            f"({_f(row.get('engine_one_pass_rps'))} / {_f(row.get('engine_parallel_rps'))}) | {_f(row.get('rps_32'))}"
+            f"{'' if row.get('clients_many', 32) == 32 else ' @' + str(row['clients_many'])} | "
             f"{_f(100 * row.get('share_of_engine', float('nan')), '.0f')}% (≥{100 * row.get('share_target', 0):.0f}%) | "
             f"{_f(row.get('p50_1'))} ({_f(row['engine_batch1_p50_ms'])} + {_f(row.get('overhead_ms'))}) | "
             f"{_f(row.get('p99_over_p50'), '.2f')} | {_f(row.get('naive_rps_32'))} | "
@@ -410,7 +507,8 @@ def report_markdown(result: dict[str, Any]) -> str:
             f"{_f(row.get('items_per_pass_32'))} ({_f(row.get('engine_best_items_per_pass'), '.0f')}) |")
     load = [result.get("load_average_start"), result.get("load_average_end")]
     lines.append(f"\nGenerator: {result.get('generator', 'hey')}; load average at start / end: {load[0]} / {load[1]}.")
-    return "\n".join(lines + int8_markdown(result["summary"]))
+    return "\n".join(lines + int8_markdown(result["summary"]) + rerank_markdown(result["summary"], result)
+                     + infinity_markdown(result))
 
 
 def int8_markdown(summary: list[dict[str, Any]]) -> list[str]:
@@ -453,6 +551,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine-seconds", type=float, default=1.5, help="seconds per engine batch size")
     parser.add_argument("--threads", type=int, default=2, help="inference threads (ORT and torch)")
     parser.add_argument("--serve-arg", action="append", default=[], help="extra `berth serve` flag (repeatable)")
+    parser.add_argument("--rerank-concurrency", type=int, nargs="+", default=[1, 8],
+                        help="load levels of the rerank workload (20 documents a request; the naive peer: the last)")
+    parser.add_argument("--rerank-seconds", type=float, default=20.0, help="seconds per rerank load level")
+    parser.add_argument("--rerank-batch-sizes", type=int, nargs="+", default=[1, 2],
+                        help="requests per engine batch for rerank (20 sequences each)")
+    parser.add_argument("--infinity-venv", type=Path, default=Path("/tmp/infinity-venv"),
+                        help="the venv infinity-emb is installed in (bench/infinity_peer.py); missing: skipped")
+    parser.add_argument("--infinity-engines", nargs="*", default=["optimum", "torch"],
+                        help="Infinity's engines to run beside berth on the /v1/embeddings workloads (none: skip)")
     parser.add_argument("--work", type=Path, default=REPO / "runs" / "bench-service")
     parser.add_argument("--out", type=Path, default=RESULTS / "service_load.json")
     args = parser.parse_args(argv)
@@ -480,7 +587,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"machine": machine_facts(args.threads, LIBRARIES), "generator": _hey_version(),
                               "settings": vars(args) | {"models": {k: str(v) for k, v in repositories.items()}},
                               "load_average_start": list(os.getloadavg()), "workloads": {},
-                              "engine": {}, "berth": {}, "naive": {}, "complete": False}
+                              "engine": {}, "berth": {}, "naive": {}, "infinity": {}, "complete": False}
     result["settings"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in result["settings"].items()}
     for precision, repository in repositories.items():
         # Read when its turn comes: a bundle still being exported at the start is measured if ready by then.
@@ -495,7 +602,6 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"no {precision} bundle for {task} (its export failed the gate?): skipped", flush=True)
                     continue
                 bundle = by_task[task]
-                route = definition(task).route
                 peer = None
                 if task in checkpoints and args.naive_concurrency:
                     peer_port, peer = naive_peer(checkpoints[task], task, args.threads, args.work)
@@ -505,12 +611,18 @@ def main(argv: list[str] | None = None) -> int:
                             continue
                         measure_workload(result, args, name, load, precision, bundle, port, proc)
                         if peer_proc is not None:
-                            for clients in args.naive_concurrency:
-                                row = hey(peer_port, route, load["body"], clients, args.seconds, peer_proc.pid,
+                            rerank = task == "rerank"
+                            for clients in [max(args.rerank_concurrency)] if rerank else args.naive_concurrency:
+                                row = hey(peer_port, load.get("route") or definition(task).route, load["body"],
+                                          clients, args.rerank_seconds if rerank else args.seconds, peer_proc.pid,
                                           args.work)
                                 result["naive"].setdefault(name, {}).setdefault(precision, {})[clients] = row
                                 _print_level("naive", f"(beside {precision})", name, row)
                                 _save(result, args.out)
+                # Infinity beside berth's first precision, on the same embedding bundle's checkpoint
+                infinity_loads = {n: v for n, v in chosen.items() if v.get("infinity") and v["task"] == task}
+                if infinity_loads and precision == next(iter(repositories)):
+                    measure_infinity(result, args, infinity_loads, bundle)
     result["complete"] = True
     _save(result, args.out)
     table = report_markdown(result)
@@ -525,22 +637,62 @@ def measure_workload(result: dict[str, Any], args: argparse.Namespace, name: str
     """The raw engine on the workload's request, then berth under hey at each level."""
     from tasks.tokenizer import load_tokenizer
 
-    route = definition(load["task"]).route
-    items = request_inputs(bundle, load_tokenizer(bundle.tokenizer_path), load["body"])
-    result["workloads"][name] = {"route": route, "model_inputs": len(items), "tokens": [len(i) for i in items]}
+    route = load.get("route") or definition(load["task"]).route
+    if load["body"].get("model", "") is None:  # the bundle's name, which the Infinity peer is also served as
+        load["body"]["model"] = bundle.name
+    rerank = load["task"] == "rerank"
+    items = request_inputs(bundle, load_tokenizer(bundle.tokenizer_path), load)
+    result["workloads"][name] = {"route": route, "model_inputs": len(items), "tokens": [len(i) for i in items],
+                                 "body": load["body"]}
     before = _machine_cpu()
-    figures = engine_figures(bundle, items, args.threads, args.batch_sizes, args.engine_seconds)
+    figures = engine_figures(bundle, items, args.threads, args.rerank_batch_sizes if rerank else args.batch_sizes,
+                             args.engine_seconds)
     figures["steal_share"] = _steal_share(before, _machine_cpu())
     result["engine"].setdefault(name, {})[precision] = figures
     print(f"engine {precision} {name}: batch-1 {figures['batch1_p50_ms']:.2f} ms, best "
           f"{figures['best_requests_per_s']:.1f} req/s at {figures['best_batch']} requests/batch (one pass "
           f"{figures['one_pass_best_requests_per_s']:.1f}, passes in parallel "
           f"{_f(figures['parallel_best_requests_per_s'])})", flush=True)
-    for clients in args.concurrency:
-        row = hey(port, route, load["body"], clients, args.seconds, proc.pid, args.work)
+    for clients in args.rerank_concurrency if rerank else args.concurrency:
+        row = hey(port, route, load["body"], clients, args.rerank_seconds if rerank else args.seconds, proc.pid,
+                  args.work)
         result["berth"].setdefault(name, {}).setdefault(precision, []).append(row)
         _print_level("berth", precision, name, row)
         _save(result, args.out)
+
+
+def measure_infinity(result: dict[str, Any], args: argparse.Namespace, loads: dict[str, dict[str, Any]],
+                     bundle: Any) -> None:
+    """Infinity (bench/infinity_peer.py) on the embedding bundle's source checkpoint, each engine in turn, under
+    the same levels as berth; skipped with the reason when its venv is missing or it does not start."""
+    from bench import infinity_peer
+
+    if not args.infinity_engines:
+        return
+    reason = infinity_peer.unavailable(args.infinity_venv)
+    checkpoint = Path(bundle.source.get("checkpoint", ""))
+    if reason is None and not (checkpoint / "config.json").is_file():
+        reason = f"the embedding bundle names no checkpoint folder ({checkpoint})"
+    if reason is not None:
+        print(f"Infinity skipped: {reason}", flush=True)
+        result["infinity_skipped"] = reason
+        return
+    result["infinity_version"] = infinity_peer.version(args.infinity_venv)
+    for engine in args.infinity_engines:
+        try:
+            port, server = infinity_peer.server(args.infinity_venv, engine, checkpoint, bundle.name, args.threads,
+                                                args.work, free_port())
+            with server as proc:
+                for name, load in loads.items():
+                    for clients in args.concurrency:
+                        row = hey(port, infinity_peer.ROUTE, load["body"], clients, args.seconds, proc.pid,
+                                  args.work)
+                        result["infinity"].setdefault(name, {}).setdefault(engine, []).append(row)
+                        _print_level("infinity", engine, name, row)
+                        _save(result, args.out)
+        except (RuntimeError, subprocess.CalledProcessError) as error:
+            print(f"Infinity {engine} skipped: {error}", flush=True)
+            result.setdefault("infinity_failed", {})[engine] = str(error)
 
 
 @contextmanager
