@@ -32,7 +32,7 @@ deploy-tools: $(STAMP)
 	bash scripts/install-deploy-tools.sh $(VENV)
 
 test: $(STAMP) deploy-tools
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" --durations=15
 
 # No Prometheus, nginx, podman or Kubernetes validators are installed; the playground tests skip without chromium.
 unit: $(STAMP)

@@ -52,7 +52,8 @@ class Reader:
         self.size = max(1, path.stat().st_size)
         self.position = 0
 
-    def rows(self, skip: int = 0) -> Iterator[tuple[int, dict[str, Any] | BadRow]]:
+    def rows(self, skip: int = 0, start: int = 0) -> Iterator[tuple[int, dict[str, Any] | BadRow]]:
+        """Rows from row `skip` on; `start` > 0 is the byte offset where row `skip` begins (`row_offsets`)."""
         raise NotImplementedError
 
     def fraction(self, rows_done: int) -> float:
@@ -62,9 +63,11 @@ class Reader:
 
 
 class JsonLinesReader(Reader):
-    def rows(self, skip: int = 0) -> Iterator[tuple[int, dict[str, Any] | BadRow]]:
-        number = 0
+    def rows(self, skip: int = 0, start: int = 0) -> Iterator[tuple[int, dict[str, Any] | BadRow]]:
+        number = skip if start else 0
         with open(self.path, "rb") as f:
+            f.seek(start)
+            self.position = start
             for line in f:
                 self.position += len(line)
                 if not line.strip():
@@ -93,15 +96,25 @@ class TableReader(Reader):
             self.position += len(line)
             yield line.decode("utf-8-sig" if self.position == len(line) else "utf-8")
 
-    def rows(self, skip: int = 0) -> Iterator[tuple[int, dict[str, Any] | BadRow]]:
+    def _records(self, lines: Iterator[str]) -> Iterator[list[str]]:
+        if self.delimiter == ",":
+            return csv.reader(lines)
+        return (line.rstrip("\r\n").split("\t") for line in lines)
+
+    def header(self) -> list[str] | None:
+        self.position = 0
         with open(self.path, "rb") as f:
-            lines = self._lines(f)
-            if self.delimiter == ",":
-                records: Iterator[list[str]] = csv.reader(lines)
-            else:
-                records = (line.rstrip("\r\n").split("\t") for line in lines)
-            header = None
-            number = 0
+            record = next((r for r in self._records(self._lines(f)) if r and r != [""]), None)
+        self.position = 0
+        return record
+
+    def rows(self, skip: int = 0, start: int = 0) -> Iterator[tuple[int, dict[str, Any] | BadRow]]:
+        header = self.header() if start else None
+        with open(self.path, "rb") as f:
+            f.seek(start)
+            self.position = start
+            records = self._records(self._lines(f))
+            number = skip if start else 0
             for record in records:
                 if not record or record == [""]:
                     continue
@@ -126,7 +139,7 @@ class ParquetReader(Reader):
         self.read_columns = [c for c in dict.fromkeys(self.columns) if c in present]
         self.batch_rows = batch_rows
 
-    def rows(self, skip: int = 0) -> Iterator[tuple[int, dict[str, Any] | BadRow]]:
+    def rows(self, skip: int = 0, start: int = 0) -> Iterator[tuple[int, dict[str, Any] | BadRow]]:
         metadata = self.file.metadata
         first_group, number = 0, 0
         while first_group < metadata.num_row_groups and number + metadata.row_group(first_group).num_rows <= skip:
@@ -150,6 +163,22 @@ def open_reader(path: Path, kind: str, columns: Sequence[str]) -> Reader:
     if kind == "parquet":
         return ParquetReader(path, columns)
     raise ValueError(f"unknown input format {kind!r}")
+
+
+def row_offsets(reader: Reader, every: int, skip: int = 0) -> list[tuple[int, int]]:
+    """(row number, byte offset) where each run of `every` rows from row `skip` begins, for `rows(number,
+    offset)`: one pass over the file. Offset 0 means "from the top, skipping rows" (and always for Parquet,
+    which finds its row group by number)."""
+    if isinstance(reader, ParquetReader):
+        return [(number, 0) for number in range(skip, reader.total_rows or 0, every)]
+    offsets: list[tuple[int, int]] = []
+    end_of_previous = 0
+    for number, _ in reader.rows(skip):
+        if (number - skip) % every == 0:
+            offsets.append((number, end_of_previous if number > skip else 0))
+        end_of_previous = reader.position
+    reader.position = 0
+    return offsets
 
 
 def has_column(reader: Reader, column: str) -> bool:
@@ -183,17 +212,16 @@ def json_lines(rows: Sequence[dict[str, Any]]) -> bytes:
     return b"".join(orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n" for row in rows)
 
 
-def write_part(path: Path, kind: str, rows: Sequence[dict[str, Any]], schema: Any) -> None:
-    """One part file, complete or not there (written beside it, then renamed)."""
-    temporary = path.with_name(path.name + ".tmp")
-    if kind == "parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+def encode_part(kind: str, rows: Sequence[dict[str, Any]], schema: Any) -> bytes:
+    """The bytes of one part file: a Parquet file of `rows` with `schema`, or their JSON lines."""
+    if kind != "parquet":
+        return json_lines(rows)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
-        pq.write_table(pa.Table.from_pylist(list(rows), schema=schema), temporary)
-        os.replace(temporary, path)
-    else:
-        write_atomically(path, json_lines(rows))
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.Table.from_pylist(list(rows), schema=schema), sink)
+    return sink.getvalue().to_pybytes()
 
 
 def concatenate(parts: Sequence[Path], kind: str, schema: Any, out: Path) -> None:

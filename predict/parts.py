@@ -80,9 +80,15 @@ class PartStore:
 
     def add(self, first_row: int, rows: int, output_rows: list[dict[str, Any]], errors: list[dict[str, Any]],
             schema: Any) -> Part:
-        part = Part(len(self.parts), first_row, rows, len(output_rows), len(errors))
-        io.write_part(self.part_path(part), self.kind, output_rows, schema)
-        io.write_atomically(self.errors_path(part), io.json_lines(errors))
+        part_bytes = io.encode_part(self.kind, output_rows, schema)
+        return self.add_encoded(first_row, rows, part_bytes, len(output_rows), io.json_lines(errors), len(errors))
+
+    def add_encoded(self, first_row: int, rows: int, part_bytes: bytes, written: int, error_lines: bytes,
+                    errors: int) -> Part:
+        """The next part from its file's bytes (`io.encode_part`) and its errors' JSON lines."""
+        part = Part(len(self.parts), first_row, rows, written, errors)
+        io.write_atomically(self.part_path(part), part_bytes)
+        io.write_atomically(self.errors_path(part), error_lines)
         self.parts.append(part)
         self._save()
         return part

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from itertools import islice
@@ -259,8 +259,8 @@ class Predictor:
 class Progress:
     """One stderr line: rows, rows/s and the ETA (redrawn in place on a terminal, every 10 s otherwise)."""
 
-    def __init__(self, reader: io.Reader, rows_before: int, enabled: bool):
-        self.reader = reader
+    def __init__(self, fraction: Callable[[int], float], rows_before: int, enabled: bool):
+        self.fraction = fraction  # rows done -> how much of the input is behind
         self.rows_before = rows_before
         self.enabled = enabled
         self.tty = sys.stderr.isatty()
@@ -272,7 +272,7 @@ class Progress:
             return
         self.shown = now
         rate = (rows_done - self.rows_before) / max(now - self.started, 1e-9)
-        fraction = 1.0 if final else self.reader.fraction(rows_done)
+        fraction = 1.0 if final else self.fraction(rows_done)
         eta = ""
         if 0 < fraction < 1 and rate > 0:
             remaining = rows_done * (1 - fraction) / fraction
@@ -298,29 +298,63 @@ def task_options(definition: Any, given: dict[str, Any]) -> Any:
     return definition.options(**given)
 
 
-def predict(job: Job) -> dict[str, Any]:
-    """Run the job to the end (resuming the finished parts of an earlier run of it); the summary."""
+@dataclass
+class Setup:
+    """What a job decides before its first row: formats, the reader, the output schema and the part store."""
+
+    in_kind: str
+    out_kind: str
+    reader: io.Reader
+    id_from_column: bool
+    schema: Any
+    store: PartStore
+
+
+def setup(job: Job, bundle: Any, options: Any) -> Setup:
+    """The job's reader, schema and part store (with the job's fingerprint) for a verified bundle."""
     import pyarrow as pa
 
-    started = time.monotonic()
     in_kind = io.format_of(job.input, job.input_format, io.INPUT_FORMATS, "input")
     out_kind = io.format_of(job.output, job.output_format, io.OUTPUT_FORMATS, "output")
-    model = Model(job.bundle, job.threads)
-    options = task_options(model.definition, job.options)
     c = job.columns
     reader = io.open_reader(job.input, in_kind, [c.text, c.pair, c.question, c.context, c.choices, c.query, c.documents, c.id])
     id_from_column = io.has_column(reader, c.id)
-    predictor = Predictor(model, options, c, id_from_column, job.max_batch_size, job.pass_tokens)
-    schema = results.schema(pa.string() if id_from_column else pa.int64(), predictor.layout)
+    spec = bundle.spec()
+    layout = results.layout(definition(spec.task).name, spec, options)
+    schema = results.schema(pa.string() if id_from_column else pa.int64(), layout)
     stat = job.input.stat()
-    fingerprint = {"bundle": model.bundle.manifest_sha256 or str(job.bundle.resolve()),
+    fingerprint = {"bundle": bundle.manifest_sha256 or str(job.bundle.resolve()),
                    "input": str(job.input.resolve()), "input_bytes": stat.st_size, "input_mtime_ns": stat.st_mtime_ns,
                    "input_format": in_kind, "columns": asdict(c), "id_from_column": id_from_column,
                    "options": options.model_dump(mode="json"), "window": job.window, "format": out_kind}
     store = PartStore(job.output, out_kind, fingerprint)
+    return Setup(in_kind, out_kind, reader, id_from_column, schema, store)
+
+
+def summary(job: Job, store: PartStore, resumed: list[Any], rows_done: int, started: float) -> dict[str, Any]:
+    seconds = time.monotonic() - started
+    return {"output": str(job.output), "errors_file": str(errors_path(job)), "rows": rows_done,
+            "written": sum(p.written for p in store.parts), "errors": sum(p.errors for p in store.parts),
+            "resumed_parts": len(resumed), "seconds": round(seconds, 3),
+            "rows_per_second": round((rows_done - sum(p.rows for p in resumed)) / max(seconds, 1e-9), 1)}
+
+
+def errors_path(job: Job) -> Path:
+    return job.output.with_name(job.output.name + ".errors.jsonl")
+
+
+def predict(job: Job) -> dict[str, Any]:
+    """Run the job to the end (resuming the finished parts of an earlier run of it); the summary."""
+    started = time.monotonic()
+    model = Model(job.bundle, job.threads)
+    options = task_options(model.definition, job.options)
+    plan = setup(job, model.bundle, options)
+    reader, store = plan.reader, plan.store
+    predictor = Predictor(model, options, job.columns, plan.id_from_column, job.max_batch_size,
+                          job.pass_tokens)
     resumed = store.open(job.restart)
     rows_done = store.next_row
-    progress = Progress(reader, rows_done, job.progress)
+    progress = Progress(reader.fraction, rows_done, job.progress)
     rows = reader.rows(skip=rows_done)
 
     def next_window() -> Window | None:
@@ -331,16 +365,11 @@ def predict(job: Job) -> dict[str, Any]:
         pending = pool.submit(next_window)
         while (window := pending.result()) is not None:
             pending = pool.submit(next_window)  # the next window is read and tokenized while this one runs
-            store.add(window.first_row, window.rows, predictor.output_rows(window), window.errors, schema)
+            output = predictor.output_rows(window)
+            store.add(window.first_row, window.rows, output, window.errors, plan.schema)
             rows_done = window.first_row + window.rows
             progress.update(rows_done)
     progress.update(rows_done, final=True)
-    errors_file = job.output.with_name(job.output.name + ".errors.jsonl")
-    store.finish(job.output, errors_file, schema, job.keep_parts)
-    seconds = time.monotonic() - started
-    written = sum(p.written for p in store.parts)
-    errors = sum(p.errors for p in store.parts)
-    return {"output": str(job.output), "errors_file": str(errors_file), "rows": rows_done, "written": written,
-            "errors": errors, "resumed_parts": len(resumed), "seconds": round(seconds, 3),
-            "rows_per_second": round((rows_done - sum(p.rows for p in resumed)) / max(seconds, 1e-9), 1),
-            "task": model.definition.name, "provider": model.provider, "threads": model.threads}
+    store.finish(job.output, errors_path(job), plan.schema, job.keep_parts)
+    return {**summary(job, store, resumed, rows_done, started), "task": model.definition.name,
+            "provider": model.provider, "threads": model.threads}

@@ -27,6 +27,14 @@ def run(args: argparse.Namespace) -> int:
     from predict.run import Columns, Job, predict
     from tasks.bundle import BundleError
 
+    predict_on_ray = None
+    if args.ray is not None:
+        try:
+            from predict.on_ray import predict_on_ray
+        except ImportError as error:
+            print(f"berth predict --ray: needs ray ({error}); install it with "
+                  "`pip install 'berth[predict,ray]'`", file=sys.stderr)
+            return 2
     options = {name: getattr(args, name) for name in TASK_OPTIONS if getattr(args, name) is not None}
     columns = Columns(text=args.text_column, pair=args.pair_column, question=args.question_column,
                       context=args.context_column, choices=args.choices_column, query=args.query_column,
@@ -36,8 +44,8 @@ def run(args: argparse.Namespace) -> int:
               max_batch_size=args.max_batch_size, pass_tokens=args.pass_tokens, restart=args.restart,
               keep_parts=args.keep_parts, progress=args.progress)
     try:
-        summary = predict(job)
-    except (BundleError, ResumeRefused, ValueError, FileNotFoundError) as error:
+        summary = predict(job) if predict_on_ray is None else predict_on_ray(job, args.ray, args.ray_actors)
+    except (BundleError, ResumeRefused, ValueError, FileNotFoundError, ConnectionError) as error:
         print(f"berth predict: {error}", file=sys.stderr)
         return 2
     print(f"berth predict: {summary['rows']:,} rows in {summary['seconds']:.1f} s: {summary['written']:,} results in "
@@ -112,6 +120,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     running.add_argument("--pass-tokens", type=positive, default=1024,
                          help="padded tokens of one forward pass on the CPU, as the service's cpu_pass_tokens "
                               "(default: 1024)")
+    running.add_argument("--ray", nargs="?", const="auto", metavar="ADDRESS",
+                         help="run on a Ray cluster (pip install 'berth[predict,ray]'): ADDRESS as ray.init "
+                              "takes it (host:6379, ray://host:10001; without one: RAY_ADDRESS or the cluster "
+                              "this node is in). The bundle goes to the workers through Ray; INPUT is read and "
+                              "OUTPUT written on this machine; the output is the file a local run writes")
+    running.add_argument("--ray-actors", type=positive, default=0,
+                         help="with --ray: actors holding the model (default: one per node with the CPUs "
+                              "--threads asks, at least 1)")
     running.add_argument("--restart", action="store_true", help="discard the parts of an earlier run and start over")
     running.add_argument("--keep-parts", action="store_true", help="keep OUTPUT.parts after writing OUTPUT")
     running.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,

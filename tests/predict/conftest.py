@@ -32,10 +32,11 @@ def http(predict_server):
         yield c
 
 
-def run_predict(*args: str, check: bool = True) -> tuple[int, dict | None, str]:
+def run_predict(*args: str, check: bool = True, threads: int = 2) -> tuple[int, dict | None, str]:
     """`berth predict ARGS` in a subprocess: (exit code, the JSON summary, stderr)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("BERTH_")}
-    done = subprocess.run([sys.executable, "-m", "berth.cli", "predict", *args, "--threads", "2"], cwd=REPO, env=env,
+    command = [sys.executable, "-m", "berth.cli", "predict", *args, "--threads", str(threads)]
+    done = subprocess.run(command, cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=900)
     if check and done.returncode != 0:
         raise AssertionError(f"berth predict exited {done.returncode}:\n{done.stderr[-4000:]}")
