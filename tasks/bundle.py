@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
+from tasks.protobuf_wire import WireError, next_field, varint
 from tasks.registry import definition
 from tasks.spec import Task, TaskSpec
 from tasks.version import berth_version
@@ -356,69 +357,34 @@ _ONNX_PATHS: dict[str, dict[int, str]] = {  # message -> {field number: message 
 _MAX_DEPTH = 64
 
 
-class _Malformed(Exception):
-    pass
-
-
 def external_data_locations(data: bytes | mmap.mmap) -> list[str]:
     """The external data `location` of every tensor of a serialized ONNX model stored outside it ("" for
     an external tensor naming none), in model order. Raises BundleError when the bytes are not a protobuf."""
     found: list[str] = []
     try:
         _walk(data, 0, len(data), "model", found, 0)
-    except _Malformed as error:
+    except WireError as error:
         raise BundleError(f"not a readable ONNX model (protobuf: {error})") from None
     return found
 
 
-def _varint(data: Any, pos: int, end: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= end:
-            raise _Malformed("truncated varint")
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            raise _Malformed("varint longer than 10 bytes")
-
-
 def _walk(data: Any, pos: int, end: int, message: str, found: list[str], depth: int) -> None:
     if depth > _MAX_DEPTH:
-        raise _Malformed(f"messages nested deeper than {_MAX_DEPTH}")
+        raise WireError(f"messages nested deeper than {_MAX_DEPTH}")
     fields = _ONNX_PATHS[message]
     external, locations = False, []
     while pos < end:
-        key, pos = _varint(data, pos, end)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, pos = _varint(data, pos, end)
-            if message == "tensor" and number == _LOCATION_FIELD:
-                external = value == _EXTERNAL
+        number, wire, pos, start, stop = next_field(data, pos, end)
+        if wire == 0 and message == "tensor" and number == _LOCATION_FIELD:
+            external = varint(data, start, stop)[0] == _EXTERNAL
         elif wire == 2:
-            length, pos = _varint(data, pos, end)
-            stop = pos + length
-            if stop > end:
-                raise _Malformed("a field runs past its message")
             inner = fields.get(number)
             if inner == "entry":
-                entry_key, entry_value = _entry(data, pos, stop)
+                entry_key, entry_value = _entry(data, start, stop)
                 if entry_key == "location":
                     locations.append(entry_value)
             elif inner is not None:
-                _walk(data, pos, stop, inner, found, depth + 1)
-            pos = stop
-        elif wire == 1:
-            pos += 8
-        elif wire == 5:
-            pos += 4
-        else:
-            raise _Malformed(f"wire type {wire} (not used by ONNX)")
-        if pos > end:
-            raise _Malformed("a field runs past its message")
+                _walk(data, start, stop, inner, found, depth + 1)
     if external or locations:  # a stray location counts too: stricter than ORT, never looser
         found.extend(locations or [""])
 
@@ -427,21 +393,9 @@ def _entry(data: Any, pos: int, end: int) -> tuple[str, str]:
     """A StringStringEntryProto's key and value."""
     texts = {1: "", 2: ""}
     while pos < end:
-        key, pos = _varint(data, pos, end)
-        number, wire = key >> 3, key & 7
-        if wire == 2:
-            length, pos = _varint(data, pos, end)
-            if pos + length > end:
-                raise _Malformed("a field runs past its message")
-            if number in texts:
-                texts[number] = bytes(data[pos:pos + length]).decode("utf-8", "replace")
-            pos += length
-        elif wire == 0:
-            _, pos = _varint(data, pos, end)
-        elif wire in (1, 5):
-            pos += 8 if wire == 1 else 4
-        else:
-            raise _Malformed(f"wire type {wire} (not used by ONNX)")
+        number, wire, pos, start, stop = next_field(data, pos, end)
+        if wire == 2 and number in texts:
+            texts[number] = bytes(data[start:stop]).decode("utf-8", "replace")
     return texts[1], texts[2]
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from tasks.inference import ItemRunner, Runner, item_runner
+from tasks.protobuf_wire import WireError
 
 logger = logging.getLogger(__name__)
 _said: set[str] = set()  # fallback notes already logged: one line per process, not one per session
@@ -203,9 +204,13 @@ def create_session(
     weights = None
     if provider == CPU and isinstance(model, bytes):
         if _policy.share_weights:
-            weights = shared_weights(model)
-            for name, value in weights.values:
-                options.add_initializer(name, value)
+            try:
+                weights = shared_weights(model)
+            except WireError as error:  # a graph this reader does not follow: ORT's own copy per session
+                logger.warning("weights not shared between this model's sessions: %s", error)
+            else:
+                for name, value in weights.values:
+                    options.add_initializer(name, value)
         if not _policy.prepacking:
             options.add_session_config_entry("session.disable_prepacking", "1")
         if _policy.shared_arena:

@@ -1,6 +1,6 @@
 """A serialized ONNX model's large initializers as numpy arrays, read without the onnx package (the serving
 install has none): a walk over the protobuf wire format of ModelProto.graph's `initializer` fields
-(tasks/bundle.py walks the same format to find external data).
+(tasks/protobuf_wire.py reads the format; tasks/bundle.py walks it to find external data).
 
 ONNX Runtime gives every session it creates from a model's bytes its own copy of the initializers. Sessions of
 one model that pass these arrays, made into OrtValues once, to `SessionOptions.add_initializer` use the
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from tasks.protobuf_wire import WireError, next_field, varint
+
 # TensorProto.DataType -> numpy (bfloat16 and the 8-bit floats have none: such tensors stay in the graph)
 _DTYPES = {1: np.float32, 2: np.uint8, 3: np.int8, 4: np.uint16, 5: np.int16, 6: np.int32, 7: np.int64,
            9: np.bool_, 10: np.float16, 11: np.float64, 12: np.uint32, 13: np.uint64}
@@ -19,18 +21,18 @@ _GRAPH_INITIALIZER = 5  # GraphProto.initializer
 _TENSOR_DIMS, _TENSOR_TYPE, _TENSOR_NAME, _TENSOR_RAW, _TENSOR_LOCATION = 1, 2, 8, 9, 14
 
 
-class NotSplittable(ValueError):
+class NotSplittable(WireError):
     """The bytes are not a model whose initializers can be read as expected."""
 
 
 def large_initializers(data: bytes, min_bytes: int = 1024) -> dict[str, np.ndarray]:
     """The graph initializers of `data` stored as raw_data of a known type and at least `min_bytes`, by name
-    (owned arrays, not views of `data`). Raises NotSplittable when the bytes cannot be read as expected."""
+    (owned arrays, not views of `data`). Raises WireError (NotSplittable) when the bytes cannot be read as expected."""
     graph_start, graph_end = _find_field(data, 0, len(data), _MODEL_GRAPH)
     weights: dict[str, np.ndarray] = {}
     pos = graph_start
     while pos < graph_end:
-        number, wire, pos, value_start, value_end = _next_field(data, pos, graph_end)
+        number, wire, pos, value_start, value_end = next_field(data, pos, graph_end)
         if number == _GRAPH_INITIALIZER and wire == 2:
             tensor = _tensor(data, value_start, value_end)
             if tensor is not None and tensor[1].nbytes >= min_bytes and tensor[0] not in weights:
@@ -45,23 +47,23 @@ def _tensor(data: bytes, start: int, end: int) -> tuple[str, np.ndarray] | None:
     external = False
     pos = start
     while pos < end:
-        number, wire, pos, value_start, value_end = _next_field(data, pos, end)
+        number, wire, pos, value_start, value_end = next_field(data, pos, end)
         if number == _TENSOR_DIMS:
             if wire == 0:
-                dims.append(_varint(data, value_start, value_end)[0])
+                dims.append(varint(data, value_start, value_end)[0])
             else:  # packed
                 inner = value_start
                 while inner < value_end:
-                    dim, inner = _varint(data, inner, value_end)
+                    dim, inner = varint(data, inner, value_end)
                     dims.append(dim)
         elif number == _TENSOR_TYPE and wire == 0:
-            dtype = _DTYPES.get(_varint(data, value_start, value_end)[0])
+            dtype = _DTYPES.get(varint(data, value_start, value_end)[0])
         elif number == _TENSOR_NAME and wire == 2:
             name = data[value_start:value_end].decode("utf-8")
         elif number == _TENSOR_RAW and wire == 2:
             raw = (value_start, value_end)
         elif number == _TENSOR_LOCATION and wire == 0:
-            external = _varint(data, value_start, value_end)[0] != 0
+            external = varint(data, value_start, value_end)[0] != 0
     if dtype is None or not name or raw is None or external:
         return None
     count = int(np.prod(dims)) if dims else 1
@@ -77,7 +79,7 @@ def _find_field(data: bytes, start: int, end: int, wanted: int) -> tuple[int, in
     found = None
     pos = start
     while pos < end:
-        number, wire, pos, value_start, value_end = _next_field(data, pos, end)
+        number, wire, pos, value_start, value_end = next_field(data, pos, end)
         if number == wanted and wire == 2:
             if found is not None:
                 raise NotSplittable(f"field {wanted} appears twice")
@@ -85,37 +87,3 @@ def _find_field(data: bytes, start: int, end: int, wanted: int) -> tuple[int, in
     if found is None:
         raise NotSplittable(f"no field {wanted}")
     return found
-
-
-def _next_field(data: bytes, pos: int, end: int) -> tuple[int, int, int, int, int]:
-    """(field number, wire type, position after the field, value start, value end) of the field at `pos`."""
-    key, pos = _varint(data, pos, end)
-    number, wire = key >> 3, key & 7
-    if wire == 0:
-        value_start = pos
-        _, pos = _varint(data, pos, end)
-        return number, wire, pos, value_start, pos
-    if wire == 2:
-        length, pos = _varint(data, pos, end)
-        if pos + length > end:
-            raise NotSplittable("a field runs past its message")
-        return number, wire, pos + length, pos, pos + length
-    if wire in (1, 5):
-        size = 8 if wire == 1 else 4
-        if pos + size > end:
-            raise NotSplittable("a field runs past its message")
-        return number, wire, pos + size, pos, pos + size
-    raise NotSplittable(f"wire type {wire} (not used by ONNX)")
-
-
-def _varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= end or shift > 63:
-            raise NotSplittable("bad varint")
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return result, pos
-        shift += 7
