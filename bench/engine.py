@@ -1,6 +1,6 @@
 """Engine benchmark: sequences/s and latency of one BERT forward, by batch size and sequence length.
 
-Engines, side by side in one run (GUIDE.md §4):
+Engines, side by side in one run:
 - `pytorch`: PyTorch eager (training/model.py, SDPA attention, inference_mode);
 - `ort-plain`: ONNX Runtime on the exported graph (the session's own graph optimizations on, as served);
 - `ort-optimized`: ONNX Runtime on the graph after the offline transformer optimizer (fused Attention,

@@ -45,7 +45,8 @@ def speed_pair(fp32_path: Path, int8_path: Path, length: int, vocab_size: int, t
     from export.optimize import synthetic_batch
     from tasks.onnx_session import create_session
 
-    sessions = {name: create_session(path, name, threads)[0] for name, path in (("fp32", fp32_path), ("int8", int8_path))}
+    sessions = {name: create_session(path, name, threads)[0]
+                for name, path in (("fp32", fp32_path), ("int8", int8_path))}
     figures: dict[str, Any] = {}
     for batch in (1, 8):
         feeds = synthetic_batch(batch, length, vocab_size)
@@ -108,7 +109,8 @@ def evaluate_all(folder: Path, data: Path, limit: int | None, threads: int, reci
     reference = results["pytorch"]["metrics"]
     for name in ("onnx-fp32", "onnx-int8"):
         metrics = results[name]["metrics"]
-        results[name]["delta_vs_pytorch"] = {k: metrics[k] - reference[k] for k in HEADLINE if k in metrics and k in reference}
+        results[name]["delta_vs_pytorch"] = {k: metrics[k] - reference[k]
+                                             for k in HEADLINE if k in metrics and k in reference}
     return {"task": spec.task, "examples": len(examples), "results": results, "speed": speed,
             "int8_recipe": {"name": recipe, **RECIPES[recipe].describe(),
                             "calibration_file": str(train) if feeds else None}}
@@ -122,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--recipe", help="int8 recipe (export/precision.py RECIPES; default: what berth export uses)")
     parser.add_argument("--train", type=Path, help="calibration file (default: the folder's training file)")
-    parser.add_argument("--out", type=Path, help="JSON output (default: bench/results/int8_accuracy-<folder name>.json)")
+    parser.add_argument("--out", type=Path,
+                        help="JSON output (default: bench/results/int8_accuracy-<folder name>.json)")
     parser.add_argument("--markdown", action="store_true", help="print the docs table from bench/results and exit")
     parser.add_argument("--speed", nargs=2, type=Path, metavar=("FP32_BUNDLE", "INT8_BUNDLE"),
                         help="only time two bundles side by side (alternating rounds) and exit")
@@ -182,8 +185,8 @@ def markdown(paths: list[Path]) -> str:
         length = next(iter(record["speed"])).split("x")[1]
         lines.append(f"| {Path(record['model']).name} | {record['task']} | {record['examples']} | {name} | "
                      f"{values[0]:.2f} | {values[1]:.2f} | {values[2]:.2f} | {values[2] - values[1]:+.2f} | "
-                     f"{record['int8_recipe']['name']} | {speed[0]['int8_speedup']:.2f}× / {speed[1]['int8_speedup']:.2f}× "
-                     f"({length}) |")
+                     f"{record['int8_recipe']['name']} | {speed[0]['int8_speedup']:.2f}× / "
+                     f"{speed[1]['int8_speedup']:.2f}× ({length}) |")
     return "\n".join(lines)
 
 

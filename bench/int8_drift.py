@@ -153,8 +153,8 @@ def _metric(task: str, metrics: dict[str, float]) -> tuple[str, float]:
 def markdown(paths: list[Path]) -> str:
     """The docs/ENGINE.md tables from int8_drift records: recipes per model, then the sensitivity."""
     records = [json.loads(p.read_text(encoding="utf-8")) for p in paths]
-    lines = ["| model (task) | dev examples | recipe | metric | fp32 | int8 | int8 − fp32 (points) | mean / max abs Δ output "
-             "| int8 speed-up 1×32 / 8×128 |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model (task) | dev examples | recipe | metric | fp32 | int8 | int8 − fp32 (points) "
+             "| mean / max abs Δ output | int8 speed-up 1×32 / 8×128 |", "|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         name, fp32 = _metric(r["task"], r["fp32"]["metrics"])
         for recipe, figures in r["recipes"].items():
@@ -180,12 +180,14 @@ def markdown(paths: list[Path]) -> str:
 def gate_table(repository: Path) -> str:
     """The int8 gate's figures from the manifests of a model repository's bundles."""
     lines = ["| bundle | task | recipe | agreement, all examples | agreement where PyTorch is confident | metric "
-             "(dev examples) | PyTorch | int8 | Δ points (≥ −0.5) | passed |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "(dev examples) | PyTorch | int8 | Δ points (≥ −0.5) | passed |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for manifest in sorted([*repository.glob("*/bundle.json"), *repository.glob("*.bundle.json")]):
         record = json.loads(manifest.read_text(encoding="utf-8"))
         p, m = record["parity"], record["parity"].get("metric") or {}
         recipe = (record.get("optimization", {}).get("int8") or {}).get("recipe", record["precision"])
-        lines.append(f"| {record['name']} | {record['task']} | {recipe} | {100 * p['agreement']:.1f}% of {p['examples']} | "
+        lines.append(f"| {record['name']} | {record['task']} | {recipe} | "
+                     f"{100 * p['agreement']:.1f}% of {p['examples']} | "
                      f"{100 * p['confident_agreement']:.1f}% of {p['confident_examples']} | {m.get('name', '–')} "
                      f"({m.get('examples', '–')}) | {m.get('reference', float('nan')):.2f} | "
                      f"{m.get('candidate', float('nan')):.2f} | {m.get('delta_points', float('nan')):+.2f} | "

@@ -6,8 +6,8 @@ so the load benchmark drives both with the same request: `text-classification` (
 pairs), `token-classification` with simple aggregation, `question-answering` with the checkpoint's
 window settings; embeddings with sentence-transformers' `encode` (also on OpenAI's `/v1/embeddings`), and
 rerank with sentence-transformers' `CrossEncoder.predict` of every (query, document) pair in one call
-(`/v1/rerank`, Cohere's request: the documents most relevant first). The endpoint is a plain `def` (FastAPI runs it in its thread pool); an
-`async def` calling the pipeline inline would block the event loop outright (GUIDE.md §5).
+(`/v1/rerank`, Cohere's request: the documents most relevant first). The endpoint is a plain `def` (FastAPI runs
+it in its thread pool); an `async def` calling the pipeline inline would block the event loop outright.
 
     .venv/bin/python -m bench.naive_peer --checkpoint <fine-tuned folder> --task ner --port 8001 [--threads 2]
 """
@@ -175,7 +175,8 @@ def _qa_answerer(checkpoint: str, max_length: int, stride: int, max_answer_token
             in_context = torch.tensor([s == 1 for s in encoded.sequence_ids(w)])
             scores = out.start_logits[w][:, None] + out.end_logits[w][None, :]  # (T, T): start i, end j
             allowed = in_context[:, None] & in_context[None, :]
-            allowed &= torch.triu(torch.ones_like(allowed), 0) & ~torch.triu(torch.ones_like(allowed), max_answer_tokens)
+            allowed &= (torch.triu(torch.ones_like(allowed), 0)
+                        & ~torch.triu(torch.ones_like(allowed), max_answer_tokens))
             scores = scores.masked_fill(~allowed, float("-inf"))
             flat = int(scores.argmax())
             i, j = divmod(flat, scores.shape[1])
@@ -196,8 +197,8 @@ def main() -> None:
     parser.add_argument("--task", choices=sorted(PIPELINES), default="classification")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     args = parser.parse_args()
-    uvicorn.run(create_app(args.checkpoint, args.threads, args.task), host=args.host, port=args.port, log_level="warning",
-                access_log=False)
+    uvicorn.run(create_app(args.checkpoint, args.threads, args.task), host=args.host, port=args.port,
+                log_level="warning", access_log=False)
 
 
 if __name__ == "__main__":

@@ -73,7 +73,8 @@ def bi_encoder_rankings(folder: Path, examples: list[RerankExample], threads: in
     for example, query in zip(examples, vectors[len(documents):]):
         scores = np.stack([by_text[d] for d in example.documents]) @ query
         rankings.append(np.argsort(-scores, kind="stable").tolist())
-    facts = {"documents_embedded": len(documents), "documents_truncated": sum(r["truncated"] for r in embedded[: len(documents)]),
+    facts = {"documents_embedded": len(documents),
+             "documents_truncated": sum(r["truncated"] for r in embedded[: len(documents)]),
              "max_seq_length": spec.max_seq_length}
     return rankings, facts
 

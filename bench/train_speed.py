@@ -1,6 +1,6 @@
 """Training speed: tokens/s of our BERT pretraining step next to `transformers.BertForPreTraining`.
 
-One run, side by side (GUIDE.md §4). For each shape (model size x batch x sequence length) both
+One run, side by side. For each shape (model size x batch x sequence length) both
 models are built with the same config and the same initial weights (ours copied into theirs; the
 parameter names match), then:
 
@@ -261,7 +261,8 @@ def print_table(results: list[dict], names: list[str]) -> None:
     tokens: non-padding tokens per step; masked: MLM positions; flop: the matmul-FLOP ratio
     transformers / ours, what the ratio would be if time followed FLOPs.
     """
-    print(f"{'shape':<16}{'tokens':>7}{'masked':>7}{'flop':>7}  {'contestant':<20}{'step s':>8}{'user s':>8}{'sys s':>7}{'tokens/s':>10}  ours/this")
+    print(f"{'shape':<16}{'tokens':>7}{'masked':>7}{'flop':>7}  {'contestant':<20}"
+          f"{'step s':>8}{'user s':>8}{'sys s':>7}{'tokens/s':>10}  ours/this")
     for r in results:
         first = f"{r['shape']:<16}{statistics.median(r['tokens_per_step']):>7.0f}"
         first += f"{statistics.median(r['masked_per_step']):>7.0f}{r['forward_gflop']['theirs_over_ours']:>7.2f}"
@@ -300,7 +301,8 @@ def main(argv: list[str] | None = None) -> None:
     names = [OURS, "transformers-sdpa"] + (["transformers-eager"] if args.eager else [])
     shapes = QUICK_SHAPES if args.quick else FULL_SHAPES
     settings = dict(threads=args.threads, warmup=warmup, repetitions=repetitions, seed=args.seed,
-                    contestants=names, shapes=[s.label for s in shapes], optimizer="training.trainer.build_optimizer: fused AdamW, lr 1e-4, wd 0.01",
+                    contestants=names, shapes=[s.label for s in shapes],
+                    optimizer="training.trainer.build_optimizer: fused AdamW, lr 1e-4, wd 0.01",
                     step="fp32 forward + backward + clip_grad_norm_(1.0) + AdamW step + zero_grad(set_to_none=True)")
     print("settings:", json.dumps(settings))
     machine = machine_facts(args.threads)

@@ -36,7 +36,8 @@ def add_settings_flags(
     `options` adds or replaces argparse keyword arguments (e.g. nargs, choices, or positional=True)."""
     names, options = names or {}, options or {}
     fields = {name: field for name, field in model.model_fields.items() if name not in set(exclude)}
-    grouped: dict[str, list[str]] = {title: [n for n in members if n in fields] for title, members in (groups or {}).items()}
+    grouped: dict[str, list[str]] = {title: [n for n in members if n in fields]
+                                     for title, members in (groups or {}).items()}
     placed = {n for members in grouped.values() for n in members}
     rest = [n for n in fields if n not in placed]
     if rest:

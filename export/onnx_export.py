@@ -2,7 +2,7 @@
 
 The TorchScript exporter (`dynamo=False`) with the explicit ("eager") attention graph is used on
 purpose: it is the graph ONNX Runtime's offline transformer optimizer recognizes and fuses into its
-Attention operator (GUIDE.md §5). Inputs are `input_ids`, `attention_mask`, `token_type_ids`
+Attention operator. Inputs are `input_ids`, `attention_mask`, `token_type_ids`
 (int64, dynamic batch and sequence axes); outputs are named as the task's definition (tasks/registry.py) says.
 """
 

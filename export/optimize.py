@@ -3,7 +3,7 @@
 The offline pass fuses embeddings + LayerNorm (EmbedLayerNormalization), attention (Attention),
 residual + LayerNorm (SkipLayerNormalization) and bias + GELU (BiasGelu). On the CPU, an
 InferenceSession's own graph optimizations already fuse much of this, so the offline graph is not
-always faster (GUIDE.md §5): `fastest_graph` times the candidates on the provider at hand and keeps
+always faster: `fastest_graph` times the candidates on the provider at hand and keeps
 the faster, and the manifest says why.
 """
 

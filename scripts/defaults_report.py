@@ -35,7 +35,8 @@ def model_table(record: dict) -> str:
             f"{model['options'].get('epochs', 1):g}) | {metric} on `{model['dev']}` ({model['dev_examples']:,}) | "
             f"**{_number(quality.get('value'), quality.get('floor'))}**{status} | "
             f"{_number(quality.get('floor'), quality.get('floor'))} | "
-            f"{quality.get('rounds', 1)} | {model['precision']} | {model['wall_minutes']:.1f} / {model['cpu_minutes']:.1f} |")
+            f"{quality.get('rounds', 1)} | {model['precision']} | "
+            f"{model['wall_minutes']:.1f} / {model['cpu_minutes']:.1f} |")
     return "\n".join(rows)
 
 

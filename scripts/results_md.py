@@ -23,7 +23,7 @@ RESULTS = REPO / "docs" / "RESULTS.md"
 
 @dataclass(frozen=True)
 class Target:
-    """An issue-11 target: `metric` of the dev metrics (as recorded) must reach `floor` (in `scale` units)."""
+    """A research recipe's target: `metric` of the dev metrics (as recorded) must reach `floor` (in `scale` units)."""
 
     task: str
     metric: str
@@ -68,7 +68,7 @@ def load_records(folder: Path = RECORDS) -> list[dict]:
 
 
 def this_session(record: dict) -> bool:
-    """Records with provenance (git revision, versions, threads, speed) come from the issue-11 recipes."""
+    """Records with provenance (git revision, versions, threads, speed) come from the research recipes (`berth build-defaults --data-dir ../shared/data`)."""
     return "provenance" in record
 
 
@@ -117,8 +117,9 @@ def speed(record: dict) -> tuple[str, str, str, str]:
 
 
 def runs_table(records: list[dict]) -> str:
-    lines = ["| run record | task | dev metrics (all dev examples) | train min | examples trained / training examples read | "
-             "threads | examples/s | real tokens/s | padded / real tokens | git revision |",
+    lines = ["| run record | task | dev metrics (all dev examples) | train min | "
+             "examples trained / training examples read | threads | examples/s | real tokens/s | "
+             "padded / real tokens | git revision |",
              "|---|---|---|---:|---|---:|---:|---:|---:|---|"]
     for r in records:
         t, s = r["train_result"], r["settings"]
@@ -133,7 +134,7 @@ def runs_table(records: list[dict]) -> str:
 
 
 def targets_table(records: list[dict]) -> str:
-    lines = ["| task | target (issue 11) | measured this session | met? | what the run was |", "|---|---|---|---|---|"]
+    lines = ["| task | target | measured this session | met? | what the run was |", "|---|---|---|---|---|"]
     for task, targets in TARGETS.items():
         runs = [r for r in records if r["_task"] == task and this_session(r) and not is_sweep(r)]
         best = max(runs, key=lambda r: r["dev_metrics"].get(targets[0].metric, float("-inf")), default=None)
@@ -186,8 +187,10 @@ def precision_table(records: list[dict]) -> str:
 def recipe(record: dict) -> str:
     """What was tried, from the record: steps run of those planned, budget, rate, pooling, threads."""
     s, sched = record["settings"], record.get("schedule") or {}
-    steps = f"{sched['steps']} of {sched['planned_steps']} planned steps" if sched else f"{record['train_result']['steps']} steps"
-    budget = f", budget {s['max_minutes']:g} min" + (" (fitted)" if sched.get("fitted_to_budget") else "") if s.get("max_minutes") else ""
+    steps = (f"{sched['steps']} of {sched['planned_steps']} planned steps" if sched
+             else f"{record['train_result']['steps']} steps")
+    budget = (f", budget {s['max_minutes']:g} min" + (" (fitted)" if sched.get("fitted_to_budget") else "")
+              if s.get("max_minutes") else "")
     chosen = record.get("pooling") or s.get("pooling")
     if chosen == "auto":  # records made before the choice was recorded
         from training.checkpoint import default_base_path
@@ -232,8 +235,9 @@ def pooling_table(records: list[dict]) -> str:
 
 def table7(records: list[dict]) -> str:
     """The paper's Table 7 on our base: fine-tuning every weight vs a head trained on frozen features."""
-    lines = ["| approach | what is trained | CoNLL-2003 dev (all sentences) | frozen-feature extraction min | train min | "
-             "dev eval min | epochs of training sentences | record |", "|---|---|---|---:|---:|---:|---|---|"]
+    lines = ["| approach | what is trained | CoNLL-2003 dev (all sentences) | frozen-feature extraction min | "
+             "train min | dev eval min | epochs of training sentences | record |",
+             "|---|---|---|---:|---:|---:|---|---|"]
     for r in records:
         if not r["_task"].startswith("CoNLL-2003"):
             continue

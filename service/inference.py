@@ -247,18 +247,14 @@ async def _compute(model: ServedModel, handler: TaskHandler, inputs: list[Any], 
 
     assert model.batcher is not None
     begin = time.perf_counter()
-    model.batcher.expect(+1)  # the batcher may wait up to max_wait for these items, not longer
-    try:
+    with model.batcher.incoming() as arrival:  # the batcher may wait up to max_wait for these items, not longer
         prepared = await _maybe_in_thread(pool, prepare)
         timings.tokenize_s = time.perf_counter() - begin
         check_budget(prepared, settings, handler)
         handler.check_prepared(model, prepared, body, settings)
         nbytes = handler.response_bytes(model, prepared, body)
         reserved.take(nbytes)
-        futures = model.batcher.submit([item for p in prepared for item in p.items], deadline,
-                                       handler.keep(model, body))
-    finally:
-        model.batcher.expect(-1)
+        futures = arrival.submit([item for p in prepared for item in p.items], deadline, handler.keep(model, body))
     if pool is None and nbytes > DECODE_IN_THREAD_BYTES:
         pool = runtime.tokenizer_pool
     runtime.metrics.request_inputs.labels(handler.route, model.name).inc(len(inputs))

@@ -85,8 +85,8 @@ class Metrics:
             "berth_inference_failures", "Forward passes that raised (each retried half counts again)",
             ["model"], registry=r)
         self.items_failed = Counter(
-            "berth_items_failed", "Items answered 500 by inference: their pass failed even alone, ran past pass_timeout_s, "
-            "or gave them NaN or infinite outputs", ["model"], registry=r)
+            "berth_items_failed", "Items answered 500 by inference: their pass failed even alone, ran past "
+            "pass_timeout_s, or gave them NaN or infinite outputs", ["model"], registry=r)
         self.queue_depth = Gauge(
             "berth_queue_depth", "Items waiting in the queue (not yet in a forward pass)", ["model"],
             registry=r, multiprocess_mode="livesum")

@@ -97,7 +97,8 @@ class RequestGuard:
                         body = await self._read_body(scope, receive)
                 except BodyReadsFull:
                     await self._refuse(self._busy(f"{self.body_reads - 1} request bodies arriving; the limit is "
-                                             f"{self.max_body_reads} (max_body_reads)"), scope, receive, send_and_record)
+                                                  f"{self.max_body_reads} (max_body_reads)"),
+                                       scope, receive, send_and_record)
                     return
                 except ClientGone:
                     status["code"] = CLIENT_GONE_STATUS
@@ -179,7 +180,8 @@ class RequestGuard:
         children = self._children.get((route, model, status))
         if children is None:  # bounded: route templates x models x status codes
             children = self._children[(route, model, status)] = (
-                self.metrics.requests.labels(route, model, str(status)), self.metrics.request_duration.labels(route, model))
+                self.metrics.requests.labels(route, model, str(status)),
+                self.metrics.request_duration.labels(route, model))
         children[0].inc()
         children[1].observe(seconds)
 

@@ -231,7 +231,8 @@ def load_model(bundle: Bundle, settings: ServiceSettings, metrics: Metrics, intr
     name = bundle.path.name  # the folder name is the model name
     spec = bundle.spec()
     slots = compute_slots or ComputeSlots(usable_cpus())
-    threads = min(settings.intra_op_threads if intra_op_threads is None else intra_op_threads, slots.units) or slots.units
+    threads = (min(settings.intra_op_threads if intra_op_threads is None else intra_op_threads, slots.units)
+               or slots.units)
     model_bytes = verified_bytes(bundle, MODEL_FILE)  # the bytes hashed are the bytes ONNX Runtime loads
     engine = OnnxEngine(bundle, threads, prefer_gpu=settings.device != "cpu", model_bytes=model_bytes,
                         **spinning(settings))

@@ -553,7 +553,8 @@ def _check_consistency(bundle: Bundle, manifest_path: Path) -> None:
     expected_outputs = list(task.output_names)
     if bundle.output_names != expected_outputs:
         raise BundleError(
-            f"{manifest_path}: task {bundle.task!r} expects outputs {expected_outputs}, manifest lists {bundle.output_names}"
+            f"{manifest_path}: task {bundle.task!r} expects outputs {expected_outputs}, "
+            f"manifest lists {bundle.output_names}"
         )
     if task.needs_labels(bundle.problem_type) and not bundle.labels:
         raise BundleError(f"{manifest_path}: task {bundle.task!r} needs labels (problem_type {bundle.problem_type!r})")

@@ -212,7 +212,8 @@ def offline_shape(items: Sequence[ModelItem], batch_size: int, pad_multiple: int
     the CPU (to the longest item rounded up to `pad_multiple`), no token budget beyond that."""
     longest = max((len(x) for x in items), default=1)
     width = -(-longest // pad_multiple) * pad_multiple
-    return BatchShape([width], max_batch_size=batch_size, max_batch_tokens=batch_size * width, pad_multiple=pad_multiple)
+    return BatchShape([width], max_batch_size=batch_size, max_batch_tokens=batch_size * width,
+                      pad_multiple=pad_multiple)
 
 
 def item_runner(runner_for: Callable[[Sequence[str]], Runner], batch_size: int = 64) -> ItemRunner:

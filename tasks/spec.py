@@ -23,7 +23,8 @@ Task = str  # a name of tasks.registry.DEFINITIONS
 class TaskSpec(BaseModel):
     task: Task = Field(description="the task's name: one of tasks.registry.TASK_NAMES")
     labels: list[str] = Field(default_factory=list, description="label names in id order; empty for qa/fill-mask")
-    problem_type: str | None = Field(None, description="regression | single_label_classification | multi_label_classification")
+    problem_type: str | None = Field(None, description="regression | single_label_classification | "
+                                                       "multi_label_classification")
     max_seq_length: int = 128
     doc_stride: int = Field(128, description="an OVERLAP, not a step (name kept for bundle compatibility): qa: "
                                              "context tokens shared by consecutive windows; ner: tokens shared "

@@ -18,7 +18,8 @@ def test_every_import_contract_is_kept():
     lint_imports = Path(sys.executable).with_name("lint-imports")
     if not lint_imports.is_file():
         pytest.fail(f"{lint_imports} is missing: install the test extra (pip install -e '.[test]')")
-    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["importlinter"]["contracts"]
+    contracts = (tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+                 ["tool"]["importlinter"]["contracts"])
     # PYTHONPATH: the packages of this tree, whatever else is installed.
     result = subprocess.run([str(lint_imports), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=120,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})

@@ -116,7 +116,8 @@ def load_state_into(model: M, state: dict[str, torch.Tensor]) -> LoadReport:
             continue
         if own[name].shape != tensor.shape:
             if _is_encoder(name):
-                raise CheckpointError(f"encoder weight {name}: checkpoint {tuple(tensor.shape)} vs model {tuple(own[name].shape)}")
+                raise CheckpointError(f"encoder weight {name}: checkpoint {tuple(tensor.shape)} "
+                                      f"vs model {tuple(own[name].shape)}")
             report.resized.append(name)
             continue
         usable[name] = tensor

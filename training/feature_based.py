@@ -87,8 +87,9 @@ def cache_features(model: BertFeatureBasedTokenClassification, features: Sequenc
             cached[i] = CachedFeature(torch.tensor(values, dtype=dtype), list(features[i].targets["labels"]))
     seconds = time.time() - started
     element = torch.empty((), dtype=dtype).element_size()
-    record = {"sentences": len(features), "tokens": tokens, "feature_width": width, "dtype": str(dtype).replace("torch.", ""),
-              "cache_mb": round(tokens * width * element / 2**20, 1), "extract_minutes": round(seconds / 60, 2),
+    record = {"sentences": len(features), "tokens": tokens, "feature_width": width,
+              "dtype": str(dtype).replace("torch.", ""), "cache_mb": round(tokens * width * element / 2**20, 1),
+              "extract_minutes": round(seconds / 60, 2),
               "sentences_per_s": round(len(features) / max(seconds, 1e-9), 1)}
     log.info("cached frozen features: %s", record)
     return cached, record  # type: ignore[return-value]

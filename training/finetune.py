@@ -82,7 +82,8 @@ def run_finetune(settings: FinetuneSettings) -> dict[str, float]:
     dev_examples = (adapter.read(settings.dev_file, limit=settings.max_eval_examples, seed=None)
                     if settings.dev_file else [])
     spec = adapter.spec(train_examples)
-    log.info("task %s: %d train / %d dev examples, labels %s", spec.task, len(train_examples), len(dev_examples), spec.labels)
+    log.info("task %s: %d train / %d dev examples, labels %s", spec.task, len(train_examples), len(dev_examples),
+             spec.labels)
 
     overrides = {}
     if settings.feature_based:

@@ -80,7 +80,8 @@ def build_instances(
     )
 
 
-def heldout_dataset(instances: PretrainingInstances, tokenizer: Tokenizer, settings: PretrainSettings) -> PretrainingDataset:
+def heldout_dataset(instances: PretrainingInstances, tokenizer: Tokenizer,
+                    settings: PretrainSettings) -> PretrainingDataset:
     """Held-out instances with static masks from the fixed `eval_mask_seed`."""
     return PretrainingDataset(instances, tokenizer, max_seq_length=settings.max_seq_length, masking=settings.masking(),
                               seed=settings.eval_mask_seed, dynamic_masking=False)

@@ -158,8 +158,8 @@ class FinetuneSettings(TrainLoopSettings):
     base: str = Field("default", description="base model folder: a Hugging Face BERT folder, a `berth pretrain` "
                       "output, or 'default' (the embedded all-MiniLM-L6-v2, L6/H384)")
     pooling: Literal["auto", "cls", "mean"] = Field(
-        "auto", description="classification/pair/rerank: cls (the tanh pooler over [CLS], BERT's recipe) or mean (average "
-        "of the token states); auto: mean for a sentence-transformers base trained with it (the default "
+        "auto", description="classification/pair/rerank: cls (the tanh pooler over [CLS], BERT's recipe) or mean "
+        "(average of the token states); auto: mean for a sentence-transformers base trained with it (the default "
         "all-MiniLM-L6-v2), else cls")
     max_seq_length: int | None = Field(None, gt=0, description=f"tokens per sequence (default: {_LENGTHS})")
     doc_stride: int | None = Field(None, ge=0, description="overlap in tokens of consecutive windows over a long "

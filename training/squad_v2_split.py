@@ -4,8 +4,8 @@ questions borrowed from SQuAD v1.1.
 There is no SQuAD v2.0 train set here (see ../shared/data/SOURCES.md), so the first articles of the
 official dev order train and the rest evaluate; splitting by article keeps every context (and its
 questions) on one side only. Borrowed questions are v1.1 questions, each paired with a paragraph of a
-*different* article of the training part, as unanswerable (`is_impossible`, no answer): issue 11's
-recipe for more "no answer" signal. The v1.1 train subset and the v2.0 dev articles share no title,
+*different* article of the training part, as unanswerable (`is_impossible`, no answer), for more
+"no answer" signal. The v1.1 train subset and the v2.0 dev articles share no title,
 so a borrowed question is never about the paragraph it is paired with. Seeded; the evaluation part
 is never touched.
 """

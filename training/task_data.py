@@ -1,7 +1,8 @@
 """The task layer (tasks/) adapted to training: read a data file, build torch features, evaluate.
 
-One adapter per task family; each task definition names its own (`training_adapter`). Each reads examples, fixes the TaskSpec (labels and settings saved
-with the model) and turns examples into training features with the same code the service uses.
+One adapter per task family; each task definition names its own (`training_adapter`). Each reads examples, fixes
+the TaskSpec (labels and settings saved with the model) and turns examples into training features with the same
+code the service uses.
 Scoring a model on dev examples is the task definition's: the served prepare -> run -> decode steps,
 then the official metric on the decoded results (so the dev metrics a bundle records are the served model's).
 Reading and evaluating import no torch (`berth evaluate` of a bundle runs without it); collating does.

@@ -142,7 +142,8 @@ class Plan:
         if settings.max_steps is not None:
             candidates.append(settings.max_steps)
         total = max(1, min(candidates))
-        warmup = settings.warmup_steps if settings.warmup_steps is not None else math.ceil(settings.warmup_ratio * total)
+        warmup = (settings.warmup_steps if settings.warmup_steps is not None
+                  else math.ceil(settings.warmup_ratio * total))
         return Plan(examples, micro, steps_per_epoch, total, min(warmup, total))
 
 
@@ -340,7 +341,8 @@ class _Run:
             self.run_examples += examples
             self.run_tokens += tokens
             self.run_padded_tokens += padded
-            batch = {k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+            batch = {k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+                     for k, v in batch.items()}
             sync = i == group - 1 or not self.ctx.enabled
             with (contextlib.nullcontext() if sync else self.model.no_sync()):
                 with autocast(self.device, self.amp_dtype):
@@ -441,7 +443,8 @@ class _Run:
             finally:
                 model.train()
             self.final_eval = results
-            self.metrics.write({"split": "eval", "step": self.step, "epoch": round(self._epoch_progress(), 4), **results})
+            self.metrics.write({"split": "eval", "step": self.step, "epoch": round(self._epoch_progress(), 4),
+                                **results})
             log.info("eval at step %d: %s", self.step, json.dumps(results))
         barrier(self.ctx)
 
@@ -523,8 +526,8 @@ class _Run:
             elapsed_s=round(self._elapsed(), 3), tokens_per_s=self.run_tokens * world / seconds,
             examples_per_s=self.run_examples * world / seconds, last_checkpoint=self.last_checkpoint,
             stopped_by=stopped_by, planned_steps=self.planned_steps,
-            fitted_to_budget=self.plan.total_steps != self.planned_steps, world_size=world, effective_batch_size=self._effective_batch(),
-            threads=torch.get_num_threads(), real_tokens=self.run_tokens * world,
-            padded_tokens=self.run_padded_tokens * world, metrics_path=self.output_dir / METRICS_FILE, final_eval=self.final_eval,
-            precision=self.precision,
+            fitted_to_budget=self.plan.total_steps != self.planned_steps, world_size=world,
+            effective_batch_size=self._effective_batch(), threads=torch.get_num_threads(),
+            real_tokens=self.run_tokens * world, padded_tokens=self.run_padded_tokens * world,
+            metrics_path=self.output_dir / METRICS_FILE, final_eval=self.final_eval, precision=self.precision,
         )

@@ -28,7 +28,8 @@ def check_device(settings: ExportSettings) -> bool:
                              "(install onnxruntime-gpu instead of onnxruntime)")
     if settings.precision == "fp16" and settings.device == "cpu":
         logging.getLogger("berth.export").warning(
-            "fp16 bundles are meant for CUDA; on the CPU provider fp16 runs slower than fp32 (validating on CPU anyway)")
+            "fp16 bundles are meant for CUDA; on the CPU provider fp16 runs slower than fp32 "
+            "(validating on CPU anyway)")
     return settings.device != "cpu"
 
 

@@ -80,8 +80,9 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "finetune", help="fine-tune a BERT model folder into a task head",
         description="Fine-tune a BERT model folder (the embedded default, a Hugging Face folder or a berth "
-                    "pretrained folder) for classification, sentence pairs, NER, SQuAD QA, multiple choice or reranking, "
-                    "evaluate it on the dev file, and save a Hugging Face-compatible folder with berth_task.json.",
+                    "pretrained folder) for classification, sentence pairs, NER, SQuAD QA, multiple choice or "
+                    "reranking, evaluate it on the dev file, and save a Hugging Face-compatible folder with "
+                    "berth_task.json.",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_settings_flags(p, FinetuneSettings, groups=GROUPS, names=FLAG_NAMES, options=OPTIONS,
                        rest_title="training loop (rarely changed)")

@@ -74,11 +74,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "(OUTPUT.parts), so the same command run again after a crash resumes where it stopped. Rows the task "
         "refuses (missing or empty column, too long without truncation, no [MASK]...) go to OUTPUT.errors.jsonl.",
     )
-    p.add_argument("bundle", type=Path, metavar="BUNDLE", help="a bundle folder (model.onnx, tokenizer.json, bundle.json)")
+    p.add_argument("bundle", type=Path, metavar="BUNDLE",
+                   help="a bundle folder (model.onnx, tokenizer.json, bundle.json)")
     p.add_argument("input", type=Path, metavar="INPUT", help="the input file (.jsonl, .csv, .tsv or .parquet)")
     p.add_argument("--out", type=Path, required=True, metavar="OUTPUT", help="the output file (.parquet or .jsonl)")
     files = p.add_argument_group("files and columns")
-    files.add_argument("--input-format", choices=["jsonl", "csv", "tsv", "parquet"], help="default: by INPUT's extension")
+    files.add_argument("--input-format", choices=["jsonl", "csv", "tsv", "parquet"],
+                       help="default: by INPUT's extension")
     files.add_argument("--format", choices=["parquet", "jsonl"], help="output format; default: by OUTPUT's extension")
     files.add_argument("--text-column", default="text", help="the text (classification, pair, ner, embedding, "
                                                              "fill-mask) (default: text)")

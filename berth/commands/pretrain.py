@@ -96,7 +96,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def _print_eval(metrics: dict) -> None:
     line = (f"held-out MLM accuracy {metrics['mlm_accuracy']:.4f} (unigram baseline "
             f"{metrics.get('unigram_accuracy', float('nan')):.4f}), MLM loss {metrics['mlm_loss']:.3f}, "
-            f"perplexity {metrics['mlm_perplexity']:.1f} (unigram {metrics.get('unigram_perplexity', float('nan')):.0f})")
+            f"perplexity {metrics['mlm_perplexity']:.1f} "
+            f"(unigram {metrics.get('unigram_perplexity', float('nan')):.0f})")
     if "nsp_accuracy" in metrics:
         line += f", NSP accuracy {metrics['nsp_accuracy']:.4f} on {metrics['nsp_pairs']} pairs"
     print(line)

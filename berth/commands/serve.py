@@ -30,9 +30,9 @@ FLAG_NAMES = {  # the flags' short names; every other setting is --its-name
 }
 GROUPS = {
     "what to serve, where": ["models", "model_names", "host", "port", "device", "warmup", "playground"],
-    "dynamic batching (per model)": ["max_batch_size", "max_batch_tokens", "max_wait_ms", "cpu_pass_tokens", "max_pass_output_bytes",
-                                     "batch_table", "pipeline", "length_buckets", "pad_multiple", "max_queue_items",
-                                     "retry_after_s"],
+    "dynamic batching (per model)": ["max_batch_size", "max_batch_tokens", "max_wait_ms", "cpu_pass_tokens",
+                                     "max_pass_output_bytes", "batch_table", "pipeline", "length_buckets",
+                                     "pad_multiple", "max_queue_items", "retry_after_s"],
     "request limits": ["max_inputs_per_request", "max_chars_per_input", "max_chars_per_request",
                        "max_tokens_per_request", "max_items_per_request", "max_answer_length_cap",
                        "max_concurrent_requests", "max_body_reads", "body_read_timeout_s", "max_body_bytes",
@@ -168,7 +168,8 @@ def serve(settings: ServiceSettings, runtime: Any, sockets: list[Any] | None = N
         log_level=settings.log_level.lower(), access_log=False, lifespan="on",
         timeout_graceful_shutdown=settings.shutdown_timeout_s,  # 0: in-flight requests are not waited for
         # httptools with a deadline for request heads and a cap on open connections (service/connections.py)
-        http=connection_protocol(settings, runtime.metrics), timeout_keep_alive=settings.keep_alive_timeout_s,  # a float works
+        http=connection_protocol(settings, runtime.metrics),
+        timeout_keep_alive=settings.keep_alive_timeout_s,  # a float works
     )
     server = Server(config)
     server.run(sockets=sockets)

@@ -38,6 +38,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--vocab-size", type=int, default=30522, help="vocabulary size (default: %(default)s)")
     p.add_argument("--min-frequency", type=int, default=2, help="minimum pair frequency (default: %(default)s)")
-    p.add_argument("--cased", action="store_true", help="keep case and accents (default: uncased, as bert-base-uncased)")
+    p.add_argument("--cased", action="store_true",
+                   help="keep case and accents (default: uncased, as bert-base-uncased)")
     p.set_defaults(func=run)
     return p

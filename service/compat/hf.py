@@ -6,14 +6,22 @@ The task is the model's own; an embedding model serves two, told apart by the in
 the Hugging Face router names it (`/models/{name}/pipeline/{task}`). Each request becomes the berth request of
 that task and runs through `infer`, so every limit, the batching, metrics and the API key are those of /v1.
 
-| model task | HF task | body | answer |
-|---|---|---|---|
-| embedding | feature-extraction | `{"inputs": text \\| [texts], "normalize"?, "truncate"?, "truncation_direction"?}` (at the root, as the client sends them, or under `parameters`) | `[float]` for a text, `[[float]]` for a list |
-| embedding | sentence-similarity | `{"inputs": {"source_sentence", "sentences"}, "parameters"?: {"truncate"?}}` | `[float]`, a cosine per sentence |
-| classification, pair | text-classification | `{"inputs": text \\| {"text", "text_pair"} \\| [...], "parameters"?: {"top_k"?, "function_to_apply"?, "truncate"?}}` | `[[{label, score}]]`, a ranked list per input (every label unless top_k) |
-| ner | token-classification | `{"inputs": text \\| [texts], "parameters"?: {"aggregation_strategy"?, "ignore_labels"?}}` | `[{entity_group, score, word, start, end}]` (a list per input for a list) |
-| qa | question-answering | `{"inputs": {"question", "context"} \\| [...], "parameters"?: {"top_k"?, "max_answer_len"?, "handle_impossible_answer"?}}` | `{answer, score, start, end}` (a list with top_k > 1) |
-| fill-mask | fill-mask | `{"inputs": text \\| [texts], "parameters"?: {"top_k"?}}` | `[{sequence, score, token, token_str}]` |
+Per model task, the Hugging Face task it serves, the body it takes and the answer it gives:
+
+- embedding models, feature-extraction: `{"inputs": text | [texts], "normalize"?, "truncate"?,
+  "truncation_direction"?}` (at the root, as the client sends them, or under `parameters`); `[float]` for a text,
+  `[[float]]` for a list.
+- embedding models, sentence-similarity: `{"inputs": {"source_sentence", "sentences"}, "parameters"?:
+  {"truncate"?}}`; `[float]`, a cosine per sentence.
+- classification and pair models, text-classification: `{"inputs": text | {"text", "text_pair"} | [...],
+  "parameters"?: {"top_k"?, "function_to_apply"?, "truncate"?}}`; `[[{label, score}]]`, a ranked list per input
+  (every label unless top_k).
+- ner models, token-classification: `{"inputs": text | [texts], "parameters"?: {"aggregation_strategy"?,
+  "ignore_labels"?}}`; `[{entity_group, score, word, start, end}]` (a list per input for a list).
+- qa models, question-answering: `{"inputs": {"question", "context"} | [...], "parameters"?: {"top_k"?,
+  "max_answer_len"?, "handle_impossible_answer"?}}`; `{answer, score, start, end}` (a list with top_k > 1).
+- fill-mask models, fill-mask: `{"inputs": text | [texts], "parameters"?: {"top_k"?}}`;
+  `[{sequence, score, token, token_str}]`.
 
 Nothing is cut silently: an input longer than the model takes is a 413 unless `truncate` is true (TEI's
 parameter, which the client's feature_extraction sends; NER and QA read long texts in windows and never cut).
@@ -309,8 +317,8 @@ def served_task(name: str, bundle: Bundle, value: Any, asked: str | None) -> str
         inputs = value.get("inputs") if isinstance(value, dict) else None
         shaped = shape_task(inputs)
         if shaped is not None and shaped not in tasks:
-            raise ServiceError(ErrorType.VALIDATION, f"model {name!r} is a {bundle.task} model ({' and '.join(tasks)}); "
-                               f"these inputs are {shaped}'s")
+            raise ServiceError(ErrorType.VALIDATION, f"model {name!r} is a {bundle.task} model "
+                               f"({' and '.join(tasks)}); these inputs are {shaped}'s")
         if shaped is None and "sentence-similarity" in tasks and isinstance(inputs, dict):
             shaped = "sentence-similarity"  # so that a malformed one is told what sentence-similarity takes
         return shaped or tasks[0]
@@ -346,7 +354,7 @@ async def run(request: Request, name: str, asked: str | None) -> Response:
 DESCRIPTION = (__doc__ or "").split("\n\n", 1)[1]
 BODY = {"requestBody": {"required": True, "content": {"application/json": {"schema": {
     "type": "object", "required": ["inputs"],
-    "properties": {"inputs": {"description": "per the model's task (the table above)"},
+    "properties": {"inputs": {"description": "per the model's task (the list above)"},
                    "parameters": {"type": "object", "description": "the task's parameters"}}},
     "examples": {"text-classification": {"value": {"inputs": "A gorgeous, witty, seductive movie.",
                                                    "parameters": {"top_k": 2}}},

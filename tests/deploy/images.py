@@ -182,7 +182,8 @@ class Container:
             f"mount -t sysfs -o ro sysfs {root}/sys",
             f"mount -t tmpfs -o mode=1777 tmpfs {root}/tmp",
             f"mount -t tmpfs -o mode=755 tmpfs {root}/dev",
-            *[f"touch {root}/dev/{d} && mount --bind /dev/{d} {root}/dev/{d}" for d in ("null", "zero", "random", "urandom")],
+            *[f"touch {root}/dev/{d} && mount --bind /dev/{d} {root}/dev/{d}"
+              for d in ("null", "zero", "random", "urandom")],
         ]
         if models is not None:
             mounts += [f"mount --bind {shlex.quote(str(models))} {root}/models",
@@ -192,8 +193,8 @@ class Container:
         script = " && ".join([*mounts, "exec " + shlex.join(start)])
         self.log = log
         with open(log, "ab") as out:
-            self.process = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script],
-                                            stdout=out, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "--",
+                                             "sh", "-c", script], stdout=out, stderr=subprocess.STDOUT)
 
     def wait(self, timeout: float) -> int:
         try:

@@ -52,7 +52,8 @@ def compose_v1() -> str:
     venv_bin = str(Path(sys.executable).parent)
     path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if p != venv_bin)
     found = shutil.which("docker-compose", path=path)
-    if not found or not subprocess.run([found, "version", "--short"], capture_output=True, text=True).stdout.startswith("1."):
+    if not found or not subprocess.run([found, "version", "--short"],
+                                       capture_output=True, text=True).stdout.startswith("1."):
         pytest.skip("docker-compose 1.x is not installed (scripts/install-deploy-tools.sh installs Debian's)")
     return found
 
@@ -176,7 +177,7 @@ def dockerfile_stages(path: Path) -> list[list[tuple[str, str]]]:
 
 @pytest.mark.parametrize("dockerfile", ["Dockerfile", "Dockerfile.gpu"])
 def test_dockerfile_contract(dockerfile):
-    """What the issue asks of the images, read from the Dockerfile (no engine here to build it)."""
+    """What the images must hold, read from the Dockerfile (no engine here to build it)."""
     *builds, final = dockerfile_stages(DOCKER / dockerfile)
     assert builds, "multi-stage: a build stage and a final stage"
     runs = " ".join(args for stage in (*builds, final) for keyword, args in stage if keyword == "RUN")
@@ -281,7 +282,8 @@ def test_deploy_doc_covers_settings_metrics_and_panels():
         name = exposed.get(metric.type, "{}").format(metric.name)
         if name not in doc:
             missing.append(name)
-    missing += [p["title"] for p in dashboard_panels(json.loads(DASHBOARD.read_text())["panels"]) if p["title"] not in doc]
+    missing += [p["title"] for p in dashboard_panels(json.loads(DASHBOARD.read_text())["panels"])
+                if p["title"] not in doc]
     assert not missing, f"docs/DEPLOY.md does not mention: {missing}"
 
 

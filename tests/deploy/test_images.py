@@ -162,7 +162,8 @@ def test_gpu_image_has_the_cuda_provider_needing_only_the_cuda_base(image, work)
     code, out = run_in(built, ["python", "-c", "import importlib.metadata as m; m.version('onnxruntime')"],
                        work / "cpu-ort.log")
     assert code == 1 and "PackageNotFoundError" in out, "the CPU onnxruntime is still installed beside the GPU one"
-    providers = list(built.root.glob("opt/berth/lib/python3*/site-packages/onnxruntime/capi/libonnxruntime_providers_cuda.so"))
+    providers = list(built.root.glob("opt/berth/lib/python3*/site-packages/onnxruntime/capi/"
+                                     "libonnxruntime_providers_cuda.so"))
     assert len(providers) == 1
     code, out = run_in(built, ["ldd", "/" + str(providers[0].relative_to(built.root))], work / "ldd.log")
     missing = sorted({line.split()[0] for line in out.splitlines() if "not found" in line})
@@ -179,7 +180,8 @@ def post(client: httpx.Client, route: str, body: dict) -> dict:
 
 def example_body(schema: dict, operation: dict) -> dict:
     """The first example of a POST route's request body, as /docs shows it ({} when it has none)."""
-    ref = operation.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {}).get("$ref", "")
+    ref = (operation.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
+           .get("$ref", ""))
     body = schema["components"]["schemas"].get(ref.rsplit("/", 1)[-1], {})
     return (body.get("examples") or [{}])[0]
 
@@ -208,8 +210,10 @@ def check_routes(client: httpx.Client, checkpoints: dict[str, Path]) -> None:
         if "post" in operations and path not in GOLD_ROUTES:
             body = example_body(schema, operations["post"])
             response = client.post(path, json=body)
-            assert response.status_code in ((200, 404) if body else (422,)), f"{path}: {response.status_code} {response.text}"
-            assert response.status_code == 200 or response.json()["error_type"] in ("not_found", "validation"), response.text
+            assert response.status_code in ((200, 404) if body else (422,)), \
+                f"{path}: {response.status_code} {response.text}"
+            assert response.status_code == 200 or response.json()["error_type"] in ("not_found", "validation"), \
+                response.text
     assert client.get("/docs").status_code == 200
 
     got = post(client, "/v1/classify", {"inputs": SENTENCES})["results"]

@@ -334,7 +334,8 @@ def test_every_berth_variable_is_a_real_setting(variant):
         assert field in fields or field in PENDING_SETTINGS, f"{name} is not a berth setting"
     known = {k: v for k, v in env.items() if k.removeprefix("BERTH_").lower() in fields}
     settings = ServiceSettings.from_env(known)  # valid values, as `berth serve` would read them
-    assert settings.intra_op_threads == math.ceil(cpu_cores(berth_container(rendered(variant))["resources"]["limits"]["cpu"]))
+    assert settings.intra_op_threads == math.ceil(
+        cpu_cores(berth_container(rendered(variant))["resources"]["limits"]["cpu"]))
 
 
 # -- the drain timing chain -----------------------------------------------------------------------------

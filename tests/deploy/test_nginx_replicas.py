@@ -50,7 +50,8 @@ def nginx_config_for(upstreams: list[int], port: int, tmp: Path) -> Path:
     text, listens = re.subn(r"^(\s*)listen\s+8080;$", rf"\1listen 127.0.0.1:{port};", text, flags=re.M)
     assert listens == 1, "nginx.conf must listen on 8080"
     if os.geteuid() != 0:  # Debian's default temp folders are root's
-        text = text.replace("http {", f"http {{\n    client_body_temp_path {tmp}/body;\n    proxy_temp_path {tmp}/proxy;", 1)
+        text = text.replace("http {", f"http {{\n    client_body_temp_path {tmp}/body;\n"
+                                      f"    proxy_temp_path {tmp}/proxy;", 1)
     path = tmp / "nginx.conf"
     path.write_text(text)
     return path

@@ -342,3 +342,33 @@ def test_under_load_narrow_passes_run_side_by_side_and_a_lone_pass_runs_wide(tok
         assert result.outputs["tokens"][:, 0].tolist() == item.input_ids
     assert state["peak"] == 2  # two passes overlapped, never three
     assert state["calls"][1:].count("narrow") >= 2
+
+
+def test_a_request_being_tokenized_is_waited_for_and_an_idle_batcher_does_not_wait(tokenizer):
+    """While a request is `incoming`, the take waits (at most max_wait) for its items, so both requests share one
+    pass; once it has left its block (here by an error while tokenizing), nothing is waited for."""
+    items = [encode(tokenizer, "same length text here") for _ in range(2)]
+    model = SumModel()
+
+    async def scenario():
+        batcher, _ = make_batcher(model, max_wait_s=5.0)
+        batcher.start()
+        deadline = time.monotonic() + 30
+        with batcher.incoming() as arrival:
+            first = batcher.submit(items[:1], deadline)  # another request's item, queued meanwhile
+            await asyncio.sleep(0.1)
+            waited = not model.shapes
+            second = arrival.submit(items[1:], deadline)
+        await asyncio.gather(*first, *second)
+        together = list(model.shapes)
+        with pytest.raises(RuntimeError), batcher.incoming():
+            raise RuntimeError("tokenizing failed")
+        begin = time.monotonic()
+        await asyncio.gather(*batcher.submit(items[:1], deadline))
+        alone = time.monotonic() - begin
+        await batcher.close(5)
+        return waited, together, alone
+
+    waited, together, alone = asyncio.run(scenario())
+    assert waited and together == [(2, 8)]
+    assert alone < 2.5  # nothing was coming: it did not wait for max_wait (5 s)

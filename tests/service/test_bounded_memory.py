@@ -78,7 +78,8 @@ def test_four_concurrent_heavy_embedding_requests_grow_rss_by_less_than_200_mb(l
 
 
 def test_four_concurrent_fill_mask_requests_of_long_texts_grow_rss_by_less_than_200_mb(lean_server):
-    bodies = [{"model": "masker", "inputs": [t[:300].rsplit(" ", 1)[0] + " [MASK]." for t in long_texts(64, 400, 9 * n)]}
+    bodies = [{"model": "masker",
+               "inputs": [t[:300].rsplit(" ", 1)[0] + " [MASK]." for t in long_texts(64, 400, 9 * n)]}
               for n in range(4)]
     answers, grown = answered_at_once(lean_server, "/v1/fill-mask", bodies)
     first = answers[0]["results"][0]

@@ -167,10 +167,12 @@ def test_stsb_dev_spearman_through_embed_matches_sentence_transformers(client, s
     def served(texts: list[str]) -> np.ndarray:
         vectors = []
         for start in range(0, len(texts), 64):
-            vectors += [r["embedding"] for r in post(client, "/v1/embed", {"inputs": texts[start : start + 64]})["results"]]
+            vectors += [r["embedding"]
+                        for r in post(client, "/v1/embed", {"inputs": texts[start : start + 64]})["results"]]
         return np.array(vectors)
 
     ours = spearmanr(cosines(served(first), served(second)), gold).statistic * 100
     reference = spearmanr(cosines(st_model.encode(first), st_model.encode(second)), gold).statistic * 100
-    print(f"STS-B dev Spearman x100 over {len(pairs)} pairs: /v1/embed {ours:.2f}, sentence-transformers {reference:.2f}")
+    print(f"STS-B dev Spearman x100 over {len(pairs)} pairs: /v1/embed {ours:.2f}, "
+          f"sentence-transformers {reference:.2f}")
     assert abs(ours - reference) <= 0.5

@@ -35,7 +35,8 @@ QA_EXAMPLE = {"question": "When was the museum founded?",
               "context": "The old market stood by the river. The museum was founded in 1887. Children played near "
                          "the water in the evening."}
 SIMILAR = ["A man is playing a guitar.", "Someone plays an instrument.", "A chef is cooking pasta."]
-CHOICE_EXAMPLE = {"context": "She opened the umbrella because", "choices": ["it started to rain.", "the soup was cold."]}
+CHOICE_EXAMPLE = {"context": "She opened the umbrella because",
+                  "choices": ["it started to rain.", "the soup was cold."]}
 # the test ranker takes a document naming the city a query asks about as relevant
 RERANK_EXAMPLE = {"query": "Tell me about Lisbon.", "documents": ["We flew to Tokyo last week.",
                                                                   "The museum in Lisbon was closed.",
@@ -181,7 +182,8 @@ def test_ner_highlights_the_gold_entities_with_type_and_score(open_server, brows
     assert browser.find_element(By.ID, "field-text").get_attribute("value") == NER_TEXT
     run_and_wait(browser)
     marks = browser.find_elements(By.CSS_SELECTOR, "#result mark")
-    found = [(m.find_element(By.CLASS_NAME, "span-text").text, m.find_element(By.CLASS_NAME, "tag").text) for m in marks]
+    found = [(m.find_element(By.CLASS_NAME, "span-text").text, m.find_element(By.CLASS_NAME, "tag").text)
+             for m in marks]
     assert found == NER_GOLD
     entities = api(open_server, "/v1/ner", {"inputs": NER_TEXT, "model": "entities"})
     assert [m.get_attribute("title") for m in marks] == [f"{e['entity']} (score {e['score']:.3f})" for e in entities]
@@ -276,7 +278,8 @@ def test_rerank_shows_the_ranking_with_scores_as_bars(open_server, browser):
     served(open_server, "ranker")
     open_page(browser, open_server.url)
     choose(browser, "ranker (rerank)")
-    assert browser.find_element(By.ID, "field-documents").get_attribute("value") == "\n".join(RERANK_EXAMPLE["documents"])
+    assert (browser.find_element(By.ID, "field-documents").get_attribute("value")
+            == "\n".join(RERANK_EXAMPLE["documents"]))
     run_and_wait(browser)
     response = httpx.post(open_server.url + "/v1/rerank", json={**RERANK_EXAMPLE, "model": "ranker"}, timeout=60)
     assert response.status_code == 200, response.text

@@ -83,7 +83,8 @@ def test_v2_path_and_fastapis_own_path_answer_alike(client):
     body = {"model": MODEL, "query": QUERY, "documents": DOCUMENTS, "top_n": 3, "return_documents": True}
     fast = rerank(client, body)
     assert rerank(client, body, "/v2/rerank")["results"] == fast["results"]
-    routed = client.post("/v1/rerank", content=json.dumps(body), headers={"Content-Type": "application/merge-patch+json"})
+    routed = client.post("/v1/rerank", content=json.dumps(body),
+                         headers={"Content-Type": "application/merge-patch+json"})
     assert routed.status_code == 200, routed.text
     assert [r["index"] for r in routed.json()["results"]] == [r["index"] for r in fast["results"]]
     assert [r["relevance_score"] for r in routed.json()["results"]] == pytest.approx(

@@ -60,7 +60,8 @@ def test_classify_single_input_top_k_and_truncation(client, checkpoints):
 def test_pair_regression_agrees_with_pytorch(client, checkpoints):
     pairs = [{"text": a, "text_pair": b} for a, b in zip(SENTENCES, reversed(SENTENCES))]
     body = post(client, "/v1/pair", {"inputs": pairs})
-    expected = reference.classify(checkpoints["similarity"], [p["text"] for p in pairs], [p["text_pair"] for p in pairs])
+    expected = reference.classify(checkpoints["similarity"], [p["text"] for p in pairs],
+                                  [p["text_pair"] for p in pairs])
     assert body["model"] == "similarity"
     assert [r["score"] for r in body["results"]] == pytest.approx([e["score"] for e in expected], abs=1e-4)
     assert "label" not in body["results"][0]
@@ -92,7 +93,8 @@ def test_ner_finds_an_entity_at_the_very_end_of_a_long_text(client):
 
 
 def test_qa_answers_with_exact_offsets(client, checkpoints):
-    context = "Le musée   d'Orsay, à Paris — fondé en 1986 —  abrite des œuvres de Monet.\tThe museum was founded in 1986."
+    context = ("Le musée   d'Orsay, à Paris — fondé en 1986 —  abrite des œuvres de Monet.\t"
+               "The museum was founded in 1986.")
     inputs = [{"question": "When was the museum founded?", "context": context},
               {"question": "When was the library founded?",
                "context": filler(30, 3) + " The library was founded in 1911. " + filler(20, 4)}]

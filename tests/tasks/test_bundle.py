@@ -209,8 +209,8 @@ def test_examples_are_kept_and_must_fit_the_task(bundle_folder):
     ("pair", {"text": "a", "text_pair": "b"}, {"text": "a"}, "exactly the fields text, text_pair"),
     ("qa", {"question": "Who?", "context": "Ada did."}, {"question": "Who?", "context": " "},
      "context must be a non-empty text"),
-    ("multiple-choice", {"context": "It rained.", "choices": ["wet", "dry"]}, {"context": "It rained.", "choices": ["wet"]},
-     "choices must be a list of 2 or more"),
+    ("multiple-choice", {"context": "It rained.", "choices": ["wet", "dry"]},
+     {"context": "It rained.", "choices": ["wet"]}, "choices must be a list of 2 or more"),
     ("ner", "Ada Lovelace lived in London.", {"text": "Ada"}, "expected a non-empty text"),
 ])
 def test_examples_of_each_task_shape(task, good, bad, problem):

@@ -35,7 +35,8 @@ def reference(tokenizer, text: str, pair: str | None = None, max_length: int | N
         tok.enable_truncation(max_length, strategy="longest_first")
     encoding = tok.encode(text, pair)
     untruncated = plain_tokenizer(tokenizer).encode(text, pair)
-    return encoding.ids, encoding.type_ids, [tuple(o) for o in encoding.offsets], len(untruncated.ids) > len(encoding.ids)
+    return (encoding.ids, encoding.type_ids, [tuple(o) for o in encoding.offsets],
+            len(untruncated.ids) > len(encoding.ids))
 
 
 def as_tuple(item):

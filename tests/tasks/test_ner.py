@@ -64,7 +64,8 @@ def test_align_labels_by_character_offsets(tokenizer):
     assert encoded.first_tokens.tolist() == [1, 2, 3, 7, 8, 9]
     ids = [CONLL_LABELS.index(t) for t in tags]
     assert align_labels(encoded, ids) == [-100, 3, 4, 0, -100, -100, -100, 7, 8, 0, -100]
-    assert align_labels(encoded, tags, labels=CONLL_LABELS) == align_labels(encoded, np.array(ids)) == align_labels(encoded, ids)
+    assert (align_labels(encoded, tags, labels=CONLL_LABELS) == align_labels(encoded, np.array(ids))
+            == align_labels(encoded, ids))
     all_tokens = align_labels(encoded, ids, label_all_tokens=True)
     assert all_tokens == [-100, 3, 4, 0, 0, 0, 0, 7, 8, 0, -100]
 
@@ -159,7 +160,8 @@ def test_windows_cover_every_token_with_the_requested_overlap(tokenizer):
     covered = np.zeros(n, dtype=int)
     for item, start in zip(windows, windows.starts.tolist()):
         assert len(item) <= 128 and not item.truncated
-        assert item.input_ids[0] == tokenizer.token_to_id("[CLS]") and item.input_ids[-1] == tokenizer.token_to_id("[SEP]")
+        assert (item.input_ids[0] == tokenizer.token_to_id("[CLS]")
+                and item.input_ids[-1] == tokenizer.token_to_id("[SEP]"))
         covered[start : start + len(item) - 2] += 1
     assert (covered >= 1).all()
     ends = windows.starts + 126

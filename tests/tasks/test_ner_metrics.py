@@ -53,11 +53,13 @@ def test_conlleval_hand_computed_micro_and_per_type():
     assert r["f1"] == pytest.approx(0.5)
     assert r["accuracy"] == pytest.approx(6 / 8)
     assert list(r["per_type"]) == ["LOC", "MISC", "ORG", "PER"]
-    assert r["per_type"]["PER"] == {"precision": 1.0, "recall": 1.0, "f1": 1.0, "n_gold": 1, "n_predicted": 1, "n_correct": 1}
+    assert r["per_type"]["PER"] == {"precision": 1.0, "recall": 1.0, "f1": 1.0,
+                                    "n_gold": 1, "n_predicted": 1, "n_correct": 1}
     assert r["per_type"]["ORG"]["precision"] == pytest.approx(0.5)
     assert r["per_type"]["ORG"]["recall"] == pytest.approx(1.0)
     assert r["per_type"]["ORG"]["f1"] == pytest.approx(2 / 3)
-    assert r["per_type"]["LOC"] == {"precision": 0.0, "recall": 0.0, "f1": 0.0, "n_gold": 1, "n_predicted": 0, "n_correct": 0}
+    assert r["per_type"]["LOC"] == {"precision": 0.0, "recall": 0.0, "f1": 0.0,
+                                    "n_gold": 1, "n_predicted": 0, "n_correct": 0}
     assert r["per_type"]["MISC"]["n_correct"] == 0  # a truncated span is wrong
 
 

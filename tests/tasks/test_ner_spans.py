@@ -106,7 +106,7 @@ def test_emoji_sequences_are_trimmed_whole(tokenizer, aggregation):
     assert spans(decode(tokenizer, "❤\ufe0fParis", [("[UNK]", "B-LOC")], aggregation)) == [("LOC", "Paris", 2, 7)]
 
 
-# -- hyphens ------------------------------------------------------------------------------------------------------------
+# -- hyphens -----------------------------------------------------------------------------------------------------------
 
 
 # What a model trained with the label on each word's first token may well say of the later pieces.
@@ -163,7 +163,8 @@ def test_a_hyphen_stays_out_unless_it_joins_two_pieces_of_one_type(tokenizer, ag
     assert decode(tokenizer, "a well-known firm", tagged, aggregation) == []
     # spaces around the hyphen, or a dash instead: two entities
     tagged = [("ac", "B-ORG"), ("##me", "I-ORG"), ("-", "O"), ("corp", "B-ORG")]
-    assert spans(decode(tokenizer, "Acme - Corp", tagged, aggregation)) == [("ORG", "Acme", 0, 4), ("ORG", "Corp", 7, 11)]
+    assert spans(decode(tokenizer, "Acme - Corp", tagged, aggregation)) == [
+        ("ORG", "Acme", 0, 4), ("ORG", "Corp", 7, 11)]
     tagged = [("paris", "B-LOC"), ("\u2013", "O"), ("berlin", "B-LOC")]
     assert spans(decode(tokenizer, "Paris\u2013Berlin", tagged, aggregation)) == [
         ("LOC", "Paris", 0, 5), ("LOC", "Berlin", 6, 12)]

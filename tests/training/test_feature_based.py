@@ -43,7 +43,8 @@ def test_cached_last_four_layer_features_equal_transformers_hidden_states(base_p
     exact, record = cache_features(model, features, dtype=torch.float32, batch_size=3)
     half, half_record = cache_features(model, features, dtype=torch.float16, batch_size=3)
     assert record["sentences"] == 4 and record["tokens"] == sum(map(len, features)) and record["feature_width"] == 1536
-    assert half_record["dtype"] == "float16" and half_record["cache_mb"] == pytest.approx(record["cache_mb"] / 2, abs=0.1)
+    assert (half_record["dtype"] == "float16"
+            and half_record["cache_mb"] == pytest.approx(record["cache_mb"] / 2, abs=0.1))
     for feature, ours, ours_half in zip(features, exact, half):
         ids = torch.tensor([feature.input_ids])
         with torch.no_grad():
@@ -60,7 +61,8 @@ class _Feature:
     """What task_data.NERAdapter.features gives: token ids and per-token labels."""
 
     def __init__(self, encoded, labels):
-        self.input_ids, self.token_type_ids, self.targets = encoded.input_ids, encoded.token_type_ids, {"labels": labels}
+        self.input_ids, self.token_type_ids, self.targets = (encoded.input_ids, encoded.token_type_ids,
+                                                             {"labels": labels})
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -110,7 +112,8 @@ def test_feature_based_ner_trains_a_frozen_encoder_and_exports_a_served_bundle(t
     assert all(torch.equal(saved[f"bert.{k}"], base[k]) for k in encoder)
     # ... while the head learned: more entities found than the untrained head's none, and the loss fell.
     record = json.loads((out / "finetune_run.json").read_text())
-    assert record["feature_cache"]["sentences"] == record["train_examples"] > 200 and record["feature_cache"]["extract_minutes"] >= 0
+    assert (record["feature_cache"]["sentences"] == record["train_examples"] > 200
+            and record["feature_cache"]["extract_minutes"] >= 0)
     assert record["train_result"]["final_loss"] < 0.6 * np.log(len(spec.labels))
     assert spec.dev_metrics["f1"] > 0.1  # a head that has not learned answers "O" everywhere: F1 0
 
@@ -135,5 +138,6 @@ def test_feature_based_ner_trains_a_frozen_encoder_and_exports_a_served_bundle(t
         server.stop()
     assert response.status_code == 200, response.text
     results = response.json()["results"]
-    assert [(e["entity"], e["start"], e["end"]) for e in results[0]] == [(e["entity"], e["start"], e["end"]) for e in want]
+    assert ([(e["entity"], e["start"], e["end"]) for e in results[0]]
+            == [(e["entity"], e["start"], e["end"]) for e in want])
     assert results[2] == results[0]  # batched with a shorter text: the padding changes nothing

@@ -67,6 +67,7 @@ def test_config_round_trip_and_presets(tmp_path, base_path):
     again = BertConfig.from_json_file(tmp_path / "config.json")
     assert again.to_dict() == config.to_dict()
     mini = BertConfig.preset("mini", vocab_size=1000)
-    assert (mini.num_hidden_layers, mini.hidden_size, mini.num_attention_heads, mini.intermediate_size) == (4, 256, 4, 1024)
+    assert (mini.num_hidden_layers, mini.hidden_size, mini.num_attention_heads,
+            mini.intermediate_size) == (4, 256, 4, 1024)
     with pytest.raises(ValueError, match="multiple"):
         BertConfig(hidden_size=100, num_attention_heads=3)

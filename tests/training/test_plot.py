@@ -30,7 +30,8 @@ def run_folder(tmp_path_factory):
     try:
         settings = TrainSettings(output_dir=out, progress_bar=False, max_steps=6, batch_size=4, log_every_steps=1,
                                  eval_every_steps=3)
-        train(tiny_pretraining_model(), MaskedTokens(), collate, settings, evaluate=lambda model: {"loss": 1.5, "dev_f1": 0.3})
+        train(tiny_pretraining_model(), MaskedTokens(), collate, settings,
+              evaluate=lambda model: {"loss": 1.5, "dev_f1": 0.3})
     finally:
         torch.set_num_threads(threads)
     return out

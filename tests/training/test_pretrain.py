@@ -213,7 +213,8 @@ def test_an_ablation_is_scored_on_the_very_same_masked_tokens_as_the_run_it_abla
     nsp_out, _ = nsp_run
     out, _ = no_nsp_run
     own = json.loads((out / "pretrain_eval.json").read_text()) if (out / "pretrain_eval.json").exists() else None
-    printed = _berth("pretrain", "--eval-only", "--out", str(out), "--eval-instances-from", str(nsp_out), "--threads", "1")
+    printed = _berth("pretrain", "--eval-only", "--out", str(out), "--eval-instances-from", str(nsp_out),
+                     "--threads", "1")
     assert "held-out MLM accuracy" in printed and "NSP accuracy" not in printed  # a masked LM has no NSP head
     crossed = json.loads((out / f"pretrain_eval-on-{nsp_out.name}.json").read_text())
     reference = json.loads((nsp_out / "pretrain_run.json").read_text())["heldout_eval"]
@@ -227,7 +228,8 @@ def test_an_ablation_is_scored_on_the_very_same_masked_tokens_as_the_run_it_abla
 
 def test_settings_take_a_preset_or_explicit_sizes(tmp_path):
     mini = PretrainSettings(out=tmp_path).bert_config(30522)
-    assert (mini.num_hidden_layers, mini.hidden_size, mini.num_attention_heads, mini.intermediate_size) == (4, 256, 4, 1024)
+    assert (mini.num_hidden_layers, mini.hidden_size, mini.num_attention_heads,
+            mini.intermediate_size) == (4, 256, 4, 1024)
     custom = PretrainSettings(out=tmp_path, preset="small", num_layers=3, hidden_size=192, num_heads=3).bert_config(999)
     assert (custom.num_hidden_layers, custom.hidden_size, custom.num_attention_heads) == (3, 192, 3)
     assert custom.intermediate_size == 768 and custom.vocab_size == 999

@@ -416,7 +416,8 @@ def test_not_next_comes_from_another_file_even_when_one_file_is_most_of_the_corp
     book = "\n\n".join(f"Chapter text number {i} goes on. It has a second sentence here. And a third one." * 20
                          for i in range(40))
     (tmp_path / "book.txt").write_text(book, encoding="utf-8")
-    (tmp_path / "speech-a.txt").write_text("Fellow citizens, we gather today. The work goes on. " * 30, encoding="utf-8")
+    (tmp_path / "speech-a.txt").write_text("Fellow citizens, we gather today. The work goes on. " * 30,
+                                           encoding="utf-8")
     (tmp_path / "speech-b.txt").write_text("My friends, the hour is late. We must act now. " * 30, encoding="utf-8")
     documents = read_documents(tmp_path, max_document_chars=2000)
     corpus = tokenize_documents(documents, tokenizer)

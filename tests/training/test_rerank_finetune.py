@@ -52,7 +52,8 @@ def test_the_bundles_are_gated_on_the_ranking_and_evaluate_as_pytorch(trained, t
     from tasks.bundle import load_bundle
 
     out, metrics = trained
-    examples = [{"query": "Who designed the bridge?", "documents": ["It opened in 2005.", "Sofia Lindqvist designed it."]}]
+    examples = [{"query": "Who designed the bridge?",
+                 "documents": ["It opened in 2005.", "Sofia Lindqvist designed it."]}]
     export_bundle(out, tmp_path / "fp32", precision="fp32", parity_examples=8, optimize_graph="never",
                   example_inputs=examples)
     dev = SAMPLES / "squad/dev.json"

@@ -241,7 +241,8 @@ def test_length_grouping_is_a_seeded_permutation_with_less_padding():
     # tokens for uniform lengths 4..127), yet the batch order is shuffled (not longest-first throughout).
     real = sum(lengths)
     grouped = padded_tokens(first, lengths)
-    random_order = padded_tokens(epoch_batches(1000, settings.model_copy(update={"group_by_length": False}), 0), lengths)
+    random_order = padded_tokens(epoch_batches(1000, settings.model_copy(update={"group_by_length": False}), 0),
+                                 lengths)
     assert grouped < 1.1 * real < 1.4 * real < random_order
     longest = [max(lengths[i] for i in b) for b in first[:-1]]
     assert longest != sorted(longest, reverse=True)
