@@ -65,10 +65,11 @@ def main() -> None:
         spec = TaskSpec(task=task, labels=["0", "1"], max_seq_length=128)
         options = task_definition.options()
 
-        def before(inputs=inputs, pair=task == "pair") -> list[Prepared]:
+        def before(inputs=inputs, fields=task_definition.input_fields) -> list[Prepared]:
             out = []
             for raw in inputs:
-                text, text_pair = (raw.text, raw.text_pair) if pair else (raw, None)
+                # an input object's fields (a pair's text and text_pair), in the definition's order; else the text
+                text, text_pair = ([getattr(raw, name) for name in fields] + [None])[:2] if fields else (raw, None)
                 encoded = encode_before(tokenizer, text, text_pair, max_length=128, truncation="longest_first")
                 out.append(Prepared([encoded], truncated=encoded.truncated))
             return out

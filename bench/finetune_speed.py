@@ -53,7 +53,8 @@ PRECISION_VARIANTS = ("fp32", "bf16", "fp32-compile")
 
 def workloads(sst2_examples: int, squad_questions: int, conll_sentences: int = 0,
               squad_lengths: tuple[int, ...] = (256, 384)) -> dict[str, dict[str, Any]]:
-    """name -> head, features, batch size: real data through the fine-tuning feature code."""
+    """name -> spec (which head, as `berth finetune` chooses it), features, batch size: real data through the
+    fine-tuning feature code."""
     from tasks.tokenizer import load_tokenizer
     from training import task_data
     from training.checkpoint import default_base_path
@@ -66,46 +67,46 @@ def workloads(sst2_examples: int, squad_questions: int, conll_sentences: int = 0
                             max_seq_length=64)
     adapter = task_data.adapter_for(sst2, tokenizer)
     examples = adapter.read(sst2.train_file, limit=sst2_examples, seed=0)
-    out["SST-2 len 64"] = {"task": "classification", "batch_size": 32,
-                           "features": adapter.features(examples, adapter.spec(examples))}
+    spec = adapter.spec(examples)
+    out["SST-2 len 64"] = {"spec": spec, "batch_size": 32, "features": adapter.features(examples, spec)}
     if conll_sentences:
         conll = FinetuneSettings(task="ner", train_file=DATA / "conll2003" / "iob2" / "train.txt",
                                  out=Path("unused"), max_seq_length=128)
         adapter = task_data.adapter_for(conll, tokenizer)
         examples = adapter.read(conll.train_file, limit=conll_sentences, seed=0)
         spec = adapter.spec(examples)
-        out["CoNLL NER len 128"] = {"task": "ner", "batch_size": 32, "labels": len(spec.labels),
-                                    "features": adapter.features(examples, spec)}
+        out["CoNLL NER len 128"] = {"spec": spec, "batch_size": 32, "features": adapter.features(examples, spec)}
     squad_file = DATA / "squad" / "v1.1" / "train-v1.1-subset-44articles.json"
     for length in squad_lengths:
         squad = FinetuneSettings(task="qa", train_file=squad_file, out=Path("unused"), max_seq_length=length,
                                  doc_stride=128)
         adapter = task_data.adapter_for(squad, tokenizer)
         examples = adapter.read(squad_file, limit=squad_questions, seed=0)
-        out[f"SQuAD windows {length}"] = {"task": "qa", "batch_size": 8,
-                                          "features": adapter.features(examples, adapter.spec(examples))}
+        spec = adapter.spec(examples)
+        out[f"SQuAD windows {length}"] = {"spec": spec, "batch_size": 8, "features": adapter.features(examples, spec)}
     return out
 
 
-def make_model(task: str, labels: int = 2) -> torch.nn.Module:
+def make_model(spec: Any) -> torch.nn.Module:
+    """The head `berth finetune` trains for `spec` on the default base, chosen as it chooses it: the task
+    definition's head class and config values (its labels), the base's own pooling where the head pools."""
+    from tasks.registry import definition, head_class
     from training import model as models
     from training.checkpoint import default_base_path, load_pretrained
     from training.finetune import default_pooling
 
     torch.manual_seed(0)
-    if task == "qa":
-        model, _ = load_pretrained(models.BertForQuestionAnswering, default_base_path())
-    elif task == "ner":
-        model, _ = load_pretrained(models.BertForTokenClassification, default_base_path(), num_labels=labels)
-    else:
-        model, _ = load_pretrained(models.BertForSequenceClassification, default_base_path(),
-                                   classifier_pooling=default_pooling(default_base_path()))
+    base, task = default_base_path(), definition(spec.task)
+    overrides = task.head_overrides(spec)
+    if task.pools:
+        overrides["classifier_pooling"] = default_pooling(base)
+    model, _ = load_pretrained(getattr(models, head_class(spec)), base,
+                               **{k: v for k, v in overrides.items() if v is not None})
     return model.train()
 
 
 class Contestant:
-    def __init__(self, variant: str, task: str, features: list, batch_size: int, all_cores: int,
-                 labels: int = 2) -> None:
+    def __init__(self, variant: str, spec: Any, features: list, batch_size: int, all_cores: int) -> None:
         from training import task_data
 
         self.variant = variant
@@ -116,7 +117,7 @@ class Contestant:
         lengths = [len(f) for f in features]
         self.batches = [task_data.collate([features[i] for i in b])
                         for b in epoch_batches(len(features), settings, 0, lengths=lengths)]
-        self.model = make_model(task, labels)
+        self.model = make_model(spec)
         self.optimizer = build_optimizer(self.model, settings, torch.device("cpu"))
         self.forward = self.model
         if variant.endswith("compile"):
@@ -142,8 +143,7 @@ class Contestant:
 
 
 def benchmark(name: str, work: dict[str, Any], variants: list[str], repetitions: int, all_cores: int) -> dict:
-    contestants = [Contestant(v, work["task"], work["features"], work["batch_size"], all_cores, work.get("labels", 2))
-                   for v in variants]
+    contestants = [Contestant(v, work["spec"], work["features"], work["batch_size"], all_cores) for v in variants]
     warmup: dict[str, float] = {}
     for c in contestants:
         torch.set_num_threads(c.threads)

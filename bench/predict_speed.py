@@ -138,8 +138,8 @@ async def post_all(
 def http_rate(bundle: Path, texts: list[str], threads: int, clients: int, per_request: int) -> dict:
     import httpx
 
+    from bench.local_processes import free_port, stop_process, wait_for
     from tasks.registry import definition
-    from tests.deploy.conftest import free_port, stop_process, wait_for
 
     task = json.loads((bundle / "bundle.json").read_text())["task"]
     port = free_port()
@@ -170,7 +170,7 @@ def http_rate(bundle: Path, texts: list[str], threads: int, clients: int, per_re
         try:
             url = f"http://127.0.0.1:{port}"
             wait_for(url + "/readyz", server, log, timeout=300)
-            path = definition(task).endpoints[0].path
+            path = definition(task).route
             seconds = asyncio.run(post_all(url, path, bundle.name, texts, clients, per_request))
             metrics = httpx.get(url + "/metrics", timeout=10).text
         finally:
@@ -186,7 +186,7 @@ def http_rate(bundle: Path, texts: list[str], threads: int, clients: int, per_re
 
 
 def ray_rate(bundle: Path, source: Path, rows: int, threads: int, nodes: int, folder: Path) -> dict:
-    from tests.predict.ray_cluster import RayCluster
+    from bench.local_processes import RayCluster
 
     per_node = max(1, threads // nodes)
     cluster = RayCluster(nodes=nodes, cpus_per_node=per_node)

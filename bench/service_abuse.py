@@ -39,9 +39,9 @@ from typing import Any
 
 import httpx
 
+from bench.filler_text import filler
+from bench.local_processes import free_port
 from bench.machine import machine_facts
-from tests.service.conftest import free_port
-from tests.service.models_for_tests import filler
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"

@@ -1,6 +1,6 @@
 """Service load benchmark: berth under load from a compiled generator, beside the raw engine and the naive peer.
 
-One run, side by side (GUIDE.md §4), per workload (classify short/long, pair, NER, QA short/long
+One run, side by side, per workload (classify short/long, pair, NER, QA short/long
 contexts, embed short/long, fill-mask, multiple choice) and precision (fp32, int8 bundles of the same
 fine-tuned models):
 1. the **raw engine**: ONNX Runtime on the bundle's model.onnx in this process (no HTTP, no queue, the
@@ -38,7 +38,6 @@ import os
 import resource
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -49,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.local_processes import free_port
 from bench.machine import machine_facts
 from tasks.registry import definition
 
@@ -57,17 +57,22 @@ RESULTS = REPO / "bench" / "results"
 SHARED_DATA = Path(os.environ.get("BERTH_SHARED_DATA", REPO.parent / "shared" / "data"))
 LIBRARIES = ("onnxruntime", "fastapi", "uvicorn", "torch", "transformers", "tokenizers", "numpy")
 LONG_WORKLOADS = ("classify-long", "qa-long", "embed-long")
+RERANK = "rerank"  # the rerank workload's name in the table (its own markdown table)
 
 
 # -- the workloads: one real request body each ---------------------------------------------------------------
 
 
 def workloads(tokenizer) -> dict[str, dict[str, Any]]:
-    """name -> {"task", "body"}: real dev inputs of each task, short and long (the task's route serves them)."""
+    """name -> {"task", "body"}: real dev inputs of each task, short and long (the task's route serves them).
+
+    Optional keys: "route" (another route of the task than its own), "engine_inputs" (the task's inputs when
+    the route's request has another shape), "infinity" (Infinity runs it too), "own_levels" (a request of many
+    model inputs: measured at --rerank-concurrency / --rerank-seconds / --rerank-batch-sizes)."""
     from tasks import qa, readers
 
     sst2 = readers.read_sst2(SHARED_DATA / "sst2" / "dev.tsv")
-    # The issue's reference sentence: an SST-2 dev sentence of ~24 tokens.
+    # The reference short input: an SST-2 dev sentence of ~24 tokens.
     short = next(e.text for e in sst2 if len(tokenizer.encode(e.text).ids) == 24)
     long_text = " ".join(e.text for e in sst2[:12])
     words = long_text.split()
@@ -99,7 +104,7 @@ def workloads(tokenizer) -> dict[str, dict[str, Any]]:
                   "engine_inputs": texts if isinstance(texts, list) else [texts], "infinity": True}
            for name, texts in (("embeddings", short), ("embeddings-long", " ".join(words)),
                                ("embeddings-8", [e.text for e in sst2[20:28]]))},
-        "rerank": rerank_workload(tokenizer, squad),
+        RERANK: rerank_workload(tokenizer, squad),
     }
 
 
@@ -110,7 +115,7 @@ def rerank_workload(tokenizer, squad: list, documents: int = 20, tokens: int = 1
                   if len(tokenizer.encode(c, add_special_tokens=False).ids) >= tokens]
     cut = [_cut_to_tokens(tokenizer, text, tokens) for text in paragraphs[:documents]]
     return {"task": "rerank", "body": {"query": squad[0].question, "documents": cut},
-            "engine_inputs": [{"query": squad[0].question, "documents": cut}]}
+            "engine_inputs": [{"query": squad[0].question, "documents": cut}], "own_levels": True}
 
 
 def _cut_to_tokens(tokenizer, text: str, tokens: int) -> str:
@@ -200,12 +205,6 @@ def _passes_per_s(session, feeds: dict[str, Any], workers: int, seconds: float) 
 
 
 # -- 2./3. servers under hey ---------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _ready(port: int, path: str = "/readyz") -> bool:
@@ -383,7 +382,7 @@ def peer_checkpoints(repository: Path) -> dict[str, Path]:
 
 
 def summarize(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per (workload, precision): the issue's figures and targets."""
+    """Per (workload, precision): the service's figures and their targets."""
     rows = []
     for name, per_precision in result["berth"].items():
         naive = result["naive"].get(name, {})
@@ -461,10 +460,10 @@ def infinity_markdown(result: dict[str, Any]) -> list[str]:
 
 def rerank_markdown(summary: list[dict[str, Any]], result: dict[str, Any]) -> list[str]:
     """The rerank rows: requests (one query, its documents) and documents per second, berth, engine, naive peer."""
-    rows = [row for row in summary if row["workload"] == "rerank"]
+    rows = [row for row in summary if row["workload"] == RERANK]
     if not rows:
         return []
-    documents = result["workloads"]["rerank"]["model_inputs"]
+    documents = result["workloads"][RERANK]["model_inputs"]
     lines = ["", f"| rerank ({documents} documents a request) | engine best req/s (docs/s) | engine batch-1 ms | "
              "berth p50 @1 ms | berth req/s (docs/s) @N | share of engine | CrossEncoder req/s @N | × CrossEncoder |",
              "|---|---|---|---|---|---|---|---|"]
@@ -488,7 +487,7 @@ def _f(value: float | None, spec: str = ".1f") -> str:
 
 
 def report_markdown(result: dict[str, Any]) -> str:
-    """The docs table: per workload and precision, the issue's figures beside their targets."""
+    """The docs table: per workload and precision, the figures beside their targets."""
     lines = ["| workload | precision | engine best req/s (one pass / passes in parallel) | berth req/s @32 | share (target) | p50 @1 ms (engine b1 + "
              "overhead) | p99/p50 @32 | naive req/s @32 | × naive (target) | hey CPU share | event loop CPU ms/request @1 / @32 | CPU stolen engine / @32 | items per pass @32 (engine's best) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -611,10 +610,10 @@ def main(argv: list[str] | None = None) -> int:
                             continue
                         measure_workload(result, args, name, load, precision, bundle, port, proc)
                         if peer_proc is not None:
-                            rerank = task == "rerank"
-                            for clients in [max(args.rerank_concurrency)] if rerank else args.naive_concurrency:
+                            own = load.get("own_levels", False)
+                            for clients in [max(args.rerank_concurrency)] if own else args.naive_concurrency:
                                 row = hey(peer_port, load.get("route") or definition(task).route, load["body"],
-                                          clients, args.rerank_seconds if rerank else args.seconds, peer_proc.pid,
+                                          clients, args.rerank_seconds if own else args.seconds, peer_proc.pid,
                                           args.work)
                                 result["naive"].setdefault(name, {}).setdefault(precision, {})[clients] = row
                                 _print_level("naive", f"(beside {precision})", name, row)
@@ -640,12 +639,12 @@ def measure_workload(result: dict[str, Any], args: argparse.Namespace, name: str
     route = load.get("route") or definition(load["task"]).route
     if load["body"].get("model", "") is None:  # the bundle's name, which the Infinity peer is also served as
         load["body"]["model"] = bundle.name
-    rerank = load["task"] == "rerank"
+    own = load.get("own_levels", False)  # its own levels (rerank: a request of many documents)
     items = request_inputs(bundle, load_tokenizer(bundle.tokenizer_path), load)
     result["workloads"][name] = {"route": route, "model_inputs": len(items), "tokens": [len(i) for i in items],
                                  "body": load["body"]}
     before = _machine_cpu()
-    figures = engine_figures(bundle, items, args.threads, args.rerank_batch_sizes if rerank else args.batch_sizes,
+    figures = engine_figures(bundle, items, args.threads, args.rerank_batch_sizes if own else args.batch_sizes,
                              args.engine_seconds)
     figures["steal_share"] = _steal_share(before, _machine_cpu())
     result["engine"].setdefault(name, {})[precision] = figures
@@ -653,8 +652,8 @@ def measure_workload(result: dict[str, Any], args: argparse.Namespace, name: str
           f"{figures['best_requests_per_s']:.1f} req/s at {figures['best_batch']} requests/batch (one pass "
           f"{figures['one_pass_best_requests_per_s']:.1f}, passes in parallel "
           f"{_f(figures['parallel_best_requests_per_s'])})", flush=True)
-    for clients in args.rerank_concurrency if rerank else args.concurrency:
-        row = hey(port, route, load["body"], clients, args.rerank_seconds if rerank else args.seconds, proc.pid,
+    for clients in args.rerank_concurrency if own else args.concurrency:
+        row = hey(port, route, load["body"], clients, args.rerank_seconds if own else args.seconds, proc.pid,
                   args.work)
         result["berth"].setdefault(name, {}).setdefault(precision, []).append(row)
         _print_level("berth", precision, name, row)

@@ -9,8 +9,11 @@ tokens a pass: the service's CPU policy) and run with `run_batch`, each item kee
 preparing the next window runs in a thread while the current one's forward passes run (Rust tokenization
 and ONNX Runtime both release the GIL).
 
-A row the task refuses (a missing or empty column, too long when not truncating, no [MASK], a question
-longer than the model reads...) is written to the errors file with its reason, never stops the run.
+A row is the task's input as its route takes it: a text (the text column), or an object whose fields are read
+from the columns of the same names (`--pair-column` names text_pair's; a list field's cell holds a list, or
+in CSV/TSV a JSON list). A row the task refuses (a missing or empty column, too long when not truncating, no
+[MASK], a question longer than the model reads...: what `prepare_many`, `input_refusal` and `prepared_refusal`
+refuse) is written to the errors file with its reason, never stops the run.
 """
 
 from __future__ import annotations
@@ -35,7 +38,6 @@ from tasks.cpu import usable_cpus
 from tasks.definition import Prepared, per_input
 from tasks.inference import PASS_OUTPUT_BYTES, BatchShape, run_items
 from tasks.onnx_session import CUDA, create_session, onnx_runner, per_token_output_bytes
-from tasks.qa import question_too_long
 from tasks.registry import definition
 from tasks.tokenizer import GilFreeTokenizer
 
@@ -56,6 +58,13 @@ class Columns:
     query: str = "query"
     documents: str = "documents"
     id: str = "id"
+
+    def of(self, field: str) -> str:
+        """The column of an input object's field."""
+        return getattr(self, FIELD_COLUMNS.get(field, field))
+
+
+FIELD_COLUMNS = {"text_pair": "pair"}  # an input field whose column flag has another name (--pair-column)
 
 
 @dataclass
@@ -125,7 +134,7 @@ class Predictor:
                                 output_tokens=PASS_OUTPUT_BYTES // per_token_bytes if per_token_bytes else None)
         d = self.definition
         self.per_token = True if d.per_token else set(d.token_outputs)
-        self.layout = results.layout(d.name, model.spec, options)
+        self.layout = results.layout(d, model.spec, options)
 
     # -- rows -> inputs ----------------------------------------------------------------------------------
 
@@ -156,23 +165,15 @@ class Predictor:
 
     def make_input(self, row: dict[str, Any]) -> Any:
         """The task's input from a row, as the route takes it (a text, or an object with the route's fields)."""
-        c, task = self.columns, self.definition.name
-        if task == "pair":
-            return SimpleNamespace(text=self._text(row, c.text), text_pair=self._text(row, c.pair))
-        if task == "qa":
-            return SimpleNamespace(question=self._text(row, c.question), context=self._text(row, c.context))
-        if task == "multiple-choice":
-            choices = self._texts(row, c.choices)
-            if len(choices) < 2:
-                raise RowError(f"column {c.choices!r}: {len(choices)} choice(s); a multiple-choice input needs "
-                               "at least 2")
-            return SimpleNamespace(context=self._text(row, c.context), choices=choices)
-        if task == "rerank":
-            documents = self._texts(row, c.documents)
-            if not documents:
-                raise RowError(f"column {c.documents!r}: no documents")
-            return SimpleNamespace(query=self._text(row, c.query), documents=documents)
-        return self._text(row, c.text)
+        d, c = self.definition, self.columns
+        if not d.input_fields:
+            return self._text(row, c.text)
+        raw = SimpleNamespace(**{name: self._texts(row, c.of(name)) if name in d.list_fields else
+                                 self._text(row, c.of(name)) for name in d.input_fields})
+        if refused := d.input_refusal(raw):
+            field, why = refused
+            raise RowError(f"column {c.of(field)!r}: {why}")
+        return raw
 
     def row_id(self, number: int, row: Any) -> Any:
         if not self.id_from_column:
@@ -208,9 +209,10 @@ class Predictor:
         return done
 
     def check(self, prepared: Prepared) -> None:
-        """What the route refuses once the input is tokenized."""
-        if self.definition.name == "qa" and (too_long := question_too_long(self.model.spec, prepared)):
-            raise RowError(f"column {self.columns.question!r}: {too_long}")
+        """What the task refuses once the input is tokenized."""
+        if refused := self.definition.prepared_refusal(self.model.spec, prepared):
+            field, why = refused
+            raise RowError(f"column {self.columns.of(field)!r}: {why}")
 
     def prepare_window(self, chunk: list[tuple[int, Any]]) -> Window:
         errors: list[dict[str, Any]] = []
@@ -320,7 +322,7 @@ def setup(job: Job, bundle: Any, options: Any) -> Setup:
     reader = io.open_reader(job.input, in_kind, [c.text, c.pair, c.question, c.context, c.choices, c.query, c.documents, c.id])
     id_from_column = io.has_column(reader, c.id)
     spec = bundle.spec()
-    layout = results.layout(definition(spec.task).name, spec, options)
+    layout = results.layout(definition(spec.task), spec, options)
     schema = results.schema(pa.string() if id_from_column else pa.int64(), layout)
     stat = job.input.stat()
     fingerprint = {"bundle": bundle.manifest_sha256 or str(job.bundle.resolve()),

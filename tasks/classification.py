@@ -20,7 +20,18 @@ from tokenizers import Tokenizer
 
 from tasks import readers
 from tasks.common import LabelSet, encode_classification_many, margin, sigmoid, softmax
-from tasks.definition import Endpoint, InputField, Prepared, TaskDefinition
+from tasks.definition import (
+    TRUNCATION,
+    Endpoint,
+    InputField,
+    ListOf,
+    Prepared,
+    RowLayout,
+    StructOf,
+    TaskDefinition,
+    columns,
+    truncation_fields,
+)
 from tasks.tokenizer import truncation
 
 SINGLE_LABEL = "single_label_classification"
@@ -131,6 +142,17 @@ class ClassificationTask(TaskDefinition):
             for entry in result if isinstance(result, list) else [result]:
                 entry.update(truncation(p.items[0]))
         return results
+
+    def row_layout(self, spec, options) -> RowLayout:
+        """One label (or a regression score): `label`, `score` and the truncation; ranked labels (`top_k`, or
+        multi-label): `labels`, the truncation (every entry's: the input's) beside them."""
+        kind = resolve_problem_type(spec.problem_type, max(1, len(spec.labels)))
+        if kind == REGRESSION or (kind == SINGLE_LABEL and options.top_k is None):
+            return RowLayout(columns(("label", "string"), ("score", "float64")) + TRUNCATION,
+                             lambda r: {"label": r.get("label"), "score": r["score"], **truncation_fields(r)})
+        label = StructOf(columns(("label", "string"), ("score", "float64")) + TRUNCATION)
+        return RowLayout(columns(("labels", ListOf(label))) + TRUNCATION,
+                         lambda r: {"labels": r, **truncation_fields(r[0] if r else {})})
 
     def served_input(self, example: Any) -> Any:
         return example.text

@@ -5,8 +5,9 @@ outputs are per token, which HTTP route serves it and with which request options
 becomes model items (`prepare`: a sequence, or overlapping windows; `prepare_many` for a list, one
 `encode_batch` for all its texts where the task encodes whole texts), how the items' outputs become
 results (`decode`), what "the same prediction" means for the parity gate (`parity_answer`,
-`confidence`), and how decoded results are scored against gold (`score`). The service, evaluation,
-fine-tuning and the parity gate all go through it, so what is evaluated is what is served:
+`confidence`), how decoded results are scored against gold (`score`), and which columns a result is in an
+output row of `berth predict` (`row_layout`: their types as data, no file format here). The service,
+evaluation, fine-tuning and the parity gate all go through it, so what is evaluated is what is served:
 
     input --prepare--> items --run (any runner)--> per-item outputs --decode--> results --score--> metrics
 
@@ -21,7 +22,7 @@ and adapters from them, so no task's name means anything outside the task layer.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -99,6 +100,57 @@ class NoOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# -- output rows (berth predict): a result as row columns, the columns' types as data --------------------------
+
+# A column's type: a scalar (one of SCALARS), a `ListOf` a type, or a `StructOf` columns (an object: a ranked
+# label, an entity, an answer...). berth predict makes its Parquet (Arrow) schema of them; the types are the JSON
+# answer's (scores float64, embeddings float32: the model's own precision).
+SCALARS = ("string", "int64", "float64", "float32", "bool")
+
+
+@dataclass(frozen=True, slots=True)
+class ListOf:
+    """A list of values of one column type."""
+
+    item: Any  # a scalar name, a ListOf or a StructOf
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """A named column of an output row (or a named field of a `StructOf`)."""
+
+    name: str
+    type: Any  # a scalar name, a ListOf or a StructOf
+
+
+@dataclass(frozen=True, slots=True)
+class StructOf:
+    """An object of named columns."""
+
+    columns: tuple[Column, ...]
+
+
+def columns(*named: tuple[str, Any]) -> tuple[Column, ...]:
+    """Columns from (name, type) pairs, in order."""
+    return tuple(Column(name, kind) for name, kind in named)
+
+
+@dataclass(frozen=True, slots=True)
+class RowLayout:
+    """How one decoded result becomes the fields of an output row (`to_row`), and those columns, in order."""
+
+    columns: tuple[Column, ...]
+    to_row: Callable[[Any], dict[str, Any]]
+
+
+TRUNCATION = columns(("truncated", "bool"), ("truncated_tokens", "int64"))  # how much of an input was cut
+
+
+def truncation_fields(result: dict[str, Any]) -> dict[str, Any]:
+    """A result's `truncated` / `truncated_tokens` as row fields (False / 0 where it has none)."""
+    return {"truncated": bool(result.get("truncated", False)), "truncated_tokens": int(result.get("truncated_tokens", 0))}
+
+
 class TaskDefinition:
     name: ClassVar[str]
     head_class: ClassVar[str]  # the model class of training/model.py that fine-tunes it
@@ -125,6 +177,11 @@ class TaskDefinition:
     def route(self) -> str | None:
         """The path of the task's own route; None: not served."""
         return self.endpoints[0].path if self.endpoints else None
+
+    @property
+    def list_fields(self) -> tuple[str, ...]:
+        """The fields of an input object that hold a list of texts (its own route's `many` fields)."""
+        return tuple(f.name for f in self.endpoints[0].fields if f.many) if self.endpoints else ()
 
     def is_token_output(self, name: str) -> bool:
         """Does output `name` have a row per token (padding rows to leave out of comparisons)?"""
@@ -187,6 +244,17 @@ class TaskDefinition:
     def check_prepared(self, spec: TaskSpec, prepared: Sequence[Prepared], options: Any, limits: Any) -> None:
         """What the task refuses once the inputs are tokenized; nothing by default."""
 
+    # What no model of the task can answer, whatever the serving limits, as (the input's field, why): berth
+    # predict writes it to its errors file, naming the field's column.
+
+    def input_refusal(self, raw: Any) -> tuple[str, str] | None:
+        """Why one input (as the route takes it) cannot be answered, before it is tokenized; None: it can."""
+        return None
+
+    def prepared_refusal(self, spec: TaskSpec, prepared: Prepared) -> tuple[str, str] | None:
+        """Why one tokenized input cannot be answered as asked; None: it can."""
+        return None
+
     def keep(self, tokenizer: Tokenizer, spec: TaskSpec, options: Any) -> Keep:
         """What each item keeps of its forward pass for `decode` with these options (the service runs it in the
         pass's worker thread): every output, copied, by default. A task whose outputs are large overrides it to
@@ -203,6 +271,14 @@ class TaskDefinition:
         """One result per input from all the inputs' item outputs (`outputs[i][k]`: input i, item k), each what
         `keep` made of the item's rows."""
         raise NotImplementedError(f"{self.name}: no decode")
+
+    # -- berth predict: a result as an output row ----------------------------------------------------------
+
+    def row_layout(self, spec: TaskSpec, options: Any) -> RowLayout:
+        """The columns a decoded result (with these options) becomes in an output row. Where the route answers
+        an input with one object, its fields; where it answers with a list, one column of entries, the input's
+        truncation repeated beside it where the entries carry one. By default a ValueError: not written."""
+        raise ValueError(f"berth predict does not know how to write {self.name} results")
 
     # -- evaluation: the served steps, then the metric ----------------------------------------------------
 

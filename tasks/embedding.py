@@ -19,7 +19,18 @@ from pydantic import BaseModel, Field
 
 from tasks import readers
 from tasks.common import OFFSETS_NOTE, Refusal, TooLarge, encode_classification_many
-from tasks.definition import Endpoint, InputField, Prepared, TaskDefinition
+from tasks.definition import (
+    TRUNCATION,
+    Endpoint,
+    InputField,
+    ListOf,
+    Prepared,
+    RowLayout,
+    StructOf,
+    TaskDefinition,
+    columns,
+    truncation_fields,
+)
 from tasks.inference import Keep
 from tasks.tokenizer import EncodedInput, truncation
 
@@ -249,6 +260,17 @@ class EmbeddingTask(TaskDefinition):
                     for p, out in zip(prepared, outputs)]
         vectors = self.sentence_vectors(spec, [out[0] for out in outputs], options.normalize)
         return [{"embedding": vector.tolist(), **truncation(p.state)} for vector, p in zip(vectors, prepared)]
+
+    def row_layout(self, spec, options) -> RowLayout:
+        """`embedding` (float32, the model's own precision), or with "output": "tokens" `tokens`: each token's
+        text, offsets and vector; the truncation beside them."""
+        vector = ListOf("float32")
+        if options.output == "tokens":
+            token = StructOf(columns(("token", "string"), ("start", "int64"), ("end", "int64"), ("embedding", vector)))
+            return RowLayout(columns(("tokens", ListOf(token))) + TRUNCATION,
+                             lambda r: {"tokens": r["tokens"], **truncation_fields(r)})
+        return RowLayout(columns(("embedding", vector)) + TRUNCATION,
+                         lambda r: {"embedding": r["embedding"], **truncation_fields(r)})
 
     def parity_answer(self, tokenizer, spec, prepared, outputs) -> Hashable:
         return tuple(float(x) for x in outputs[0]["sentence_embedding"])

@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 
 from tasks import readers
 from tasks.common import InputFailed, InputTooLong, Refusal, TooLarge, margin, softmax
-from tasks.definition import Endpoint, Prepared, TaskDefinition
+from tasks.definition import Endpoint, ListOf, Prepared, RowLayout, StructOf, TaskDefinition, columns
 from tasks.inference import Keep
 from tasks.tokenizer import MASK, PAD, EncodedInput
 
@@ -147,6 +147,14 @@ class FillMaskTask(TaskDefinition):
     def decode(self, tokenizer, spec, prepared, outputs, options) -> list[Any]:
         return [describe_candidates(tokenizer, p.state[0], p.state[1], out[0]["top_ids"], out[0]["top_probs"])
                 for p, out in zip(prepared, outputs)]
+
+    def row_layout(self, spec, options) -> RowLayout:
+        """`candidates`: a list per [MASK] always (a column has one type; the route answers a text of one [MASK]
+        with the bare list)."""
+        candidate = StructOf(columns(("score", "float64"), ("token", "int64"), ("token_str", "string"),
+                                     ("sequence", "string")))
+        return RowLayout(columns(("candidates", ListOf(ListOf(candidate)))),
+                         lambda r: {"candidates": r if r and isinstance(r[0], list) else [r]})
 
     def kept_rows(self, prepared: Prepared, name: str, rows: np.ndarray) -> np.ndarray:
         return rows[prepared.state[1]]  # (M, V): only the [MASK] rows (the vocabulary is large)

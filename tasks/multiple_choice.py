@@ -33,7 +33,17 @@ from tasks.common import (
     encode_classification_many,
     softmax,
 )
-from tasks.definition import Endpoint, InputField, Prepared, TaskDefinition
+from tasks.definition import (
+    TRUNCATION,
+    Endpoint,
+    InputField,
+    ListOf,
+    Prepared,
+    RowLayout,
+    StructOf,
+    TaskDefinition,
+    columns,
+)
 from tasks.tokenizer import EncodedInput, truncation
 
 SWAG_ENDINGS = ("ending0", "ending1", "ending2", "ending3")
@@ -104,6 +114,7 @@ def accuracy(predicted: Sequence[int], gold: Sequence[int]) -> float:
     return sum(int(p == g) for p, g in zip(predicted, gold)) / len(gold)
 
 
+MIN_CHOICES = 2  # choices of one input
 MAX_CHOICES = 64  # choices of one served input
 
 
@@ -128,7 +139,7 @@ class MultipleChoiceTask(TaskDefinition):
         input_object="ChoiceInput",
         fields=(InputField("context"),
                 InputField("choices", many=True,
-                           description=f"2 to {MAX_CHOICES} candidate continuations or answers")),
+                           description=f"{MIN_CHOICES} to {MAX_CHOICES} candidate continuations or answers")),
         examples=({"inputs": {"context": "She opened the umbrella because",
                               "choices": ["it started to rain.", "the soup was cold.", "the train left."]}},),
     ),)
@@ -138,11 +149,16 @@ class MultipleChoiceTask(TaskDefinition):
     agreement = "choice score within the regression tolerance"
 
     def check_input(self, bundle, raw, options, index) -> None:
-        if len(raw.choices) < 2:
+        if len(raw.choices) < MIN_CHOICES:
             raise Refusal(f"inputs[{index}].choices: {len(raw.choices)} given; a multiple-choice input "
-                          "needs at least 2")
+                          f"needs at least {MIN_CHOICES}")
         if len(raw.choices) > MAX_CHOICES:
             raise TooLarge(f"inputs[{index}].choices: {len(raw.choices)} given; the limit is {MAX_CHOICES}")
+
+    def input_refusal(self, raw) -> tuple[str, str] | None:
+        if len(raw.choices) < MIN_CHOICES:
+            return "choices", f"{len(raw.choices)} choice(s); a multiple-choice input needs at least {MIN_CHOICES}"
+        return None
 
     def texts(self, raw: Any) -> list[tuple[str, str]]:
         return [("context", raw.context)] + [(f"choices[{i}]", c) for i, c in enumerate(raw.choices)]
@@ -173,6 +189,13 @@ class MultipleChoiceTask(TaskDefinition):
                 entry.update(truncation(p.items[entry["index"]]))
             results.append(ranked)
         return results
+
+    def row_layout(self, spec, options) -> RowLayout:
+        """`choices`: the ranked choices; beside them whether any was cut, and the tokens cut from all of them."""
+        choice = StructOf(columns(("index", "int64"), ("choice", "string"), ("score", "float64")) + TRUNCATION)
+        return RowLayout(columns(("choices", ListOf(choice))) + TRUNCATION,
+                         lambda r: {"choices": r, "truncated": any(c["truncated"] for c in r),
+                                    "truncated_tokens": sum(c["truncated_tokens"] for c in r)})
 
     def score(self, spec, examples, results) -> tuple[dict[str, float], dict]:
         return {"accuracy": accuracy([r[0]["index"] for r in results], [ex.label for ex in examples])}, {}

@@ -28,7 +28,7 @@ from tokenizers import Tokenizer
 
 from tasks import readers
 from tasks.common import OFFSETS_NOTE, LabelSet, margin, softmax
-from tasks.definition import Endpoint, Prepared, TaskDefinition
+from tasks.definition import Endpoint, ListOf, Prepared, RowLayout, StructOf, TaskDefinition, columns
 from tasks.graphemes import extend_end
 from tasks.ner_metrics import OUTSIDE, split_tag
 from tasks.tokenizer import CLS, SEP, UNK, EncodedInput, encode
@@ -527,6 +527,12 @@ class NERTask(TaskDefinition):
             results.append(decode_entities(text, item.state, [o["logits"] for o in out], spec.labels,
                                            aggregation=options.aggregation))
         return results
+
+    def row_layout(self, spec, options) -> RowLayout:
+        """`entities`: the input's entities, in text order."""
+        entity = StructOf(columns(("entity", "string"), ("text", "string"), ("start", "int64"), ("end", "int64"),
+                                  ("score", "float64")))
+        return RowLayout(columns(("entities", ListOf(entity))), lambda r: {"entities": r})
 
     def served_input(self, example: Any) -> str:
         return word_spans(example.tokens)[0]

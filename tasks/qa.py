@@ -34,7 +34,16 @@ from pydantic import BaseModel, Field
 from tokenizers import Tokenizer
 
 from tasks.common import OFFSETS_NOTE, Refusal, TooLarge
-from tasks.definition import Endpoint, InputField, Prepared, TaskDefinition
+from tasks.definition import (
+    Endpoint,
+    InputField,
+    ListOf,
+    Prepared,
+    RowLayout,
+    StructOf,
+    TaskDefinition,
+    columns,
+)
 from tasks.graphemes import extend_end
 from tasks.tokenizer import CLS, SEP
 
@@ -485,8 +494,14 @@ class QATask(TaskDefinition):
         """A question longer than the model's max_query_length would be cut: refused instead, never cut
         silently."""
         for index, p in enumerate(prepared):
-            if too_long := question_too_long(spec, p):
-                raise TooLarge(f"inputs[{index}].question: {too_long}; shorten the question")
+            if refused := self.prepared_refusal(spec, p):
+                field, why = refused
+                raise TooLarge(f"inputs[{index}].{field}: {why}; shorten the question")
+
+    def prepared_refusal(self, spec, prepared) -> tuple[str, str] | None:
+        """A question longer than the model reads (its windows hold it cut)."""
+        too_long = question_too_long(spec, prepared)
+        return ("question", too_long) if too_long else None
 
     def prepare(self, tokenizer, spec, raw, options) -> Prepared:
         windows = make_windows(tokenizer, raw.question, raw.context, spec.max_seq_length, spec.doc_stride,
@@ -502,6 +517,14 @@ class QATask(TaskDefinition):
                                top_k=options.top_k, handle_impossible=handle_impossible,
                                null_score_diff_threshold=spec.null_score_diff_threshold)
                 for item, out in zip(prepared, outputs)]
+
+    def row_layout(self, spec, options) -> RowLayout:
+        """The best answer's fields (top_k 1), else `answers`: the ranked answers."""
+        answer = columns(("answer", "string"), ("start", "int64"), ("end", "int64"), ("score", "float64"),
+                         ("is_impossible", "bool"))
+        if options.top_k == 1:
+            return RowLayout(answer, dict)
+        return RowLayout(columns(("answers", ListOf(StructOf(answer)))), lambda r: {"answers": r})
 
     def decode(self, tokenizer, spec, prepared, outputs, options) -> list[Any]:
         results = []

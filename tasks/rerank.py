@@ -21,7 +21,16 @@ from pydantic import BaseModel, ConfigDict, Field
 from tokenizers import Tokenizer
 
 from tasks.common import InputFailed, InputTooLong, margin, sigmoid
-from tasks.definition import Endpoint, InputField, Prepared, TaskDefinition
+from tasks.definition import (
+    Endpoint,
+    InputField,
+    ListOf,
+    Prepared,
+    RowLayout,
+    StructOf,
+    TaskDefinition,
+    columns,
+)
 from tasks.inference import Keep
 from tasks.qa import window_spans
 from tasks.tokenizer import CLS, SEP
@@ -236,6 +245,9 @@ class RerankTask(TaskDefinition):
         """One relevance logit; multi_label_classification (a sigmoid per document) when trained pointwise."""
         return {"num_labels": 1, "problem_type": spec.problem_type}
 
+    def input_refusal(self, raw) -> tuple[str, str] | None:
+        return ("documents", "no documents") if not raw.documents else None
+
     def texts(self, raw: Any) -> list[tuple[str, str]]:
         return [("query", raw.query)] + [(f"documents[{i}]", d) for i, d in enumerate(raw.documents)]
 
@@ -286,6 +298,13 @@ class RerankTask(TaskDefinition):
                 ranked.append(entry)
             results.append(ranked)
         return results
+
+    def row_layout(self, spec, options) -> RowLayout:
+        """`results`: the ranked documents as the route's (with `return_documents` their text too)."""
+        ranked = columns(("index", "int64"), ("relevance_score", "float64"), ("truncated", "bool"))
+        if options.return_documents:
+            ranked += columns(("document", StructOf(columns(("text", "string")))))
+        return RowLayout(columns(("results", ListOf(StructOf(ranked)))), lambda r: {"results": r})
 
     # -- evaluation and the parity gate ---------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ def test_rerank_request_is_one_question_and_twenty_long_paragraphs(tokenizer) ->
     assert "short paragraph." not in documents  # shorter than the budget: passed over
     assert all(95 <= len(tokenizer.encode(d, add_special_tokens=False).ids) <= 100 for d in documents)
     assert load["engine_inputs"] == [{"query": "Which team won?", "documents": documents}]
+    assert load["own_levels"]  # 20 documents a request: measured at the --rerank-* levels, said by the workload
 
 
 def test_infinity_table_puts_berth_against_each_engine() -> None:

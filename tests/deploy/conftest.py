@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
+
+# (the local process helpers live with the benchmarks, which start the same servers; re-exported for these tests)
+from bench.local_processes import free_port, stop_process, tail, wait_for  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"
@@ -39,41 +39,6 @@ def require_tool(name: str) -> str:
     if not found:
         pytest.skip(f"{name} is not installed (scripts/install-deploy-tools.sh installs it)")
     return found
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(url: str, process: subprocess.Popen, log: Path, timeout: float = 120, ok=(200,)) -> None:
-    """Poll `url` until it answers one of `ok`; fails with the process log if it exits or times out."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{process.args[0]} exited with {process.returncode}:\n{tail(log)}")
-        try:
-            if httpx.get(url, timeout=2).status_code in ok:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{url} not ready after {timeout} s:\n{tail(log)}")
-
-
-def tail(log: Path, chars: int = 4000) -> str:
-    return log.read_text(errors="replace")[-chars:] if log.exists() else "(no log)"
-
-
-def stop_process(process: subprocess.Popen, timeout: float = 20) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 class Replica:

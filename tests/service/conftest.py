@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from bench.local_processes import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 API_KEY = "test-key-0123456789"
@@ -25,12 +26,6 @@ BASE_ENV = {
     "BERTH_DEVICE": "cpu",
     "BERTH_MAX_INPUTS_PER_REQUEST": "64",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServerProcess:

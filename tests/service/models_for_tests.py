@@ -17,6 +17,7 @@ import torch
 from tokenizers import Tokenizer
 from torch import nn
 
+from bench.filler_text import filler
 from tasks import qa, rerank
 from tasks.spec import TaskSpec
 from tasks.tokenizer import CLS, SEP, encode, load_tokenizer
@@ -35,25 +36,9 @@ CITY_TEMPLATES = ["We flew to {} last week.", "{} is lovely in the spring.", "Sh
                   "The train from {} was late again.", "Prices in {} keep rising.", "They opened an office in {}.",
                   "After the meeting we drove back to {}.", "The museum in {} was closed."]
 THINGS = ["museum", "library", "company", "school", "orchestra", "hospital", "club", "newspaper", "bank", "theatre"]
-WORDS = ("the a river house garden morning light quiet people walked slowly along road old market evening "
-         "stories children played near water village bread warm window small boat harbour wind trees green "
-         "field song long letter friend table kitchen coffee rain cold winter summer bright mountain path "
-         "forest stone bridge tower bell clock door street corner shop music teacher student book paper").split()
 NER_LABELS = ["O", "B-LOC", "I-LOC"]
 RANK_QUERIES = ["What is it like in {}?", "Tell me about {}.", "Which stories mention {}?"]
 RANKER_SPEC = TaskSpec(task="rerank", max_seq_length=64, doc_stride=16, pooling="mean")
-
-
-def filler(words: int, seed: int) -> str:
-    """Plain sentences without digits or names: text a location or year probe should not fire on."""
-    rng = random.Random(seed)
-    sentences, count = [], 0
-    while count < words:
-        n = rng.randint(8, 15)
-        sentence = " ".join(rng.choice(WORDS) for _ in range(n))
-        sentences.append(sentence[0].upper() + sentence[1:] + ".")
-        count += n
-    return " ".join(sentences)
 
 
 def _fit_linear(features: torch.Tensor, targets: torch.Tensor, layer: nn.Linear, steps: int = 200,

@@ -18,7 +18,7 @@ AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 
 def test_budgets_refuse_a_huge_request_before_any_inference(server, client):
-    contexts = [filler(17000, 20 + i)[:99_000] for i in range(5)]  # the five ~99,000-character contexts
+    contexts = [filler(17000, 20 + i)[:99_000] for i in range(5)]  # five ~99,000-character contexts
     before = metric_value(server.url, "berth_items_inferred_total", model="reader")
     begin = time.perf_counter()
     r = client.post("/v1/qa", json={"inputs": [{"question": "When?", "context": c} for c in contexts]})
