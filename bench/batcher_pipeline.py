@@ -84,12 +84,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--request-cpu-ms", type=float, default=0.5)
     parser.add_argument("--max-batch-size", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "batcher_pipeline.json")
+    parser.add_argument("--out", type=Path,
+                        default=Path(__file__).resolve().parent / "results" / "batcher_pipeline.json")
     args = parser.parse_args(argv)
 
     bundle = load_bundle(args.bundle)
     engine = TimedEngine(OnnxEngine(bundle, args.threads, prefer_gpu=False))
-    item = common.encode_classification(load_bundle_tokenizer(bundle), SENTENCE, max_length=bundle.spec().max_seq_length)
+    item = common.encode_classification(load_bundle_tokenizer(bundle), SENTENCE,
+                                        max_length=bundle.spec().max_seq_length)
     rows: dict[str, list[dict[str, float]]] = {"on": [], "off": []}
     for number in range(args.rounds):
         for pipeline in (True, False) if number % 2 == 0 else (False, True):
@@ -98,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
             rows["on" if pipeline else "off"].append(row)
             print(f"round {number + 1} pipeline {'on ' if pipeline else 'off'}: {row['items_per_s']:.1f} items/s, "
                   f"engine busy {100 * row['engine_busy_share']:.0f}%", flush=True)
-    summary = {side: {key: statistics.median(r[key] for r in rows[side]) for key in ("items_per_s", "engine_busy_share")}
+    summary = {side: {key: statistics.median(r[key] for r in rows[side])
+                      for key in ("items_per_s", "engine_busy_share")}
                for side in rows}
     summary["paired_gain"] = statistics.median(on["items_per_s"] / off["items_per_s"]
                                                for on, off in zip(rows["on"], rows["off"]))

@@ -81,7 +81,8 @@ def main() -> None:
                [(i.input_ids, i.token_type_ids, i.offsets, i.truncated) for p in after() for i in p.items]
         times: dict[str, list[float]] = {"before": [], "after": []}
         for round_number in range(args.rounds):
-            order = (("before", before), ("after", after)) if round_number % 2 else (("after", after), ("before", before))
+            order = (("before", before), ("after", after)) if round_number % 2 else \
+                (("after", after), ("before", before))
             for name, fn in order:
                 begin = time.perf_counter()
                 fn()

@@ -172,7 +172,8 @@ def benchmark(name: str, work: dict[str, Any], variants: list[str], repetitions:
 
 
 def print_table(results: list[dict]) -> None:
-    print(f"{'workload':<22}{'variant':<28}{'thr':>4}{'padded/real':>12}{'examples/s':>12}{'real tok/s':>12}{'speedup':>9}")
+    print(f"{'workload':<22}{'variant':<28}{'thr':>4}{'padded/real':>12}{'examples/s':>12}{'real tok/s':>12}"
+          f"{'speedup':>9}")
     for r in results:
         for i, (variant, v) in enumerate(r["variants"].items()):
             label = r["workload"] if i == 0 else ""
@@ -205,8 +206,8 @@ def padding_of_whole_sets(output: Path) -> None:
             padded = sum(len(b) * max(lengths[i] for i in b) for b in batches)
             entry["grouped" if grouped else "random"] = padded / entry["real_tokens"]
         rows.append(entry)
-        print(f"{name:<22}{entry['examples']:>8}  padded/real random {entry['random']:.2f}  grouped {entry['grouped']:.2f}",
-              flush=True)
+        print(f"{name:<22}{entry['examples']:>8}  padded/real random {entry['random']:.2f}  "
+              f"grouped {entry['grouped']:.2f}", flush=True)
     table = ["| training set (all of it) | examples | padded / real tokens, random order | length-grouped |",
              "|---|---:|---:|---:|"]
     table += [f"| {r['workload']} | {r['examples']:,} | {r['random']:.2f} | {r['grouped']:.2f} |" for r in rows]

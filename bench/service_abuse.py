@@ -111,7 +111,8 @@ def overhead(url: str, requests: int) -> dict[str, Any]:
     medians = {k: statistics.median(s[k] for s in stages) for k in keys}
     return {"client_ms": summary(client_ms), "server_ms_median": medians,
             "overhead_ms_median": statistics.median(s["total"] - s["inference"] for s in stages),
-            "client_minus_inference_ms_median": statistics.median(c - s["inference"] for c, s in zip(client_ms, stages))}
+            "client_minus_inference_ms_median": statistics.median(c - s["inference"]
+                                                                  for c, s in zip(client_ms, stages))}
 
 
 async def small_under_huge(url: str) -> dict[str, Any]:

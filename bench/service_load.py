@@ -238,7 +238,8 @@ def running(command: list[str], port: int, log: Path, timeout: float = 600, read
 
 
 def _cpu_seconds(pid: int, thread: int | None = None) -> float:
-    """utime + stime of a process and its threads, or of one of its threads (the main thread: `thread=pid`), from /proc."""
+    """utime + stime of a process and its threads, or of one of its threads (the main thread: `thread=pid`),
+    from /proc."""
     stat = Path(f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat")
     fields = stat.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -400,7 +401,8 @@ def summarize(result: dict[str, Any]) -> list[dict[str, Any]]:
                    "engine_parallel_rps": engine.get("parallel_best_requests_per_s"),
                    "engine_best_items_per_pass": engine["best_batch"] * engine.get("items_per_request", 1)}
             if many:
-                row.update(clients_many=top, rps_32=many["requests_per_s"], p50_32=many.get("p50_ms"), p99_32=many.get("p99_ms"),
+                row.update(clients_many=top, rps_32=many["requests_per_s"], p50_32=many.get("p50_ms"),
+                           p99_32=many.get("p99_ms"),
                            share_of_engine=many["requests_per_s"] / engine["best_requests_per_s"],
                            share_target=0.85 if long else 0.90,
                            p99_over_p50=many["p99_ms"] / many["p50_ms"] if many.get("p99_ms") and many.get("p50_ms")
@@ -488,15 +490,18 @@ def _f(value: float | None, spec: str = ".1f") -> str:
 
 def report_markdown(result: dict[str, Any]) -> str:
     """The docs table: per workload and precision, the figures beside their targets."""
-    lines = ["| workload | precision | engine best req/s (one pass / passes in parallel) | berth req/s @32 | share (target) | p50 @1 ms (engine b1 + "
-             "overhead) | p99/p50 @32 | naive req/s @32 | × naive (target) | hey CPU share | event loop CPU ms/request @1 / @32 | CPU stolen engine / @32 | items per pass @32 (engine's best) |",
+    lines = ["| workload | precision | engine best req/s (one pass / passes in parallel) | berth req/s @32 | "
+             "share (target) | p50 @1 ms (engine b1 + overhead) | p99/p50 @32 | naive req/s @32 | × naive (target) | "
+             "hey CPU share | event loop CPU ms/request @1 / @32 | CPU stolen engine / @32 | "
+             "items per pass @32 (engine's best) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in result["summary"]:
         lines.append(
             f"| {row['workload']} | {row['precision']} | {_f(row['engine_best_rps'])} "
             f"({_f(row.get('engine_one_pass_rps'))} / {_f(row.get('engine_parallel_rps'))}) | {_f(row.get('rps_32'))}"
             f"{'' if row.get('clients_many', 32) == 32 else ' @' + str(row['clients_many'])} | "
-            f"{_f(100 * row.get('share_of_engine', float('nan')), '.0f')}% (≥{100 * row.get('share_target', 0):.0f}%) | "
+            f"{_f(100 * row.get('share_of_engine', float('nan')), '.0f')}% "
+            f"(≥{100 * row.get('share_target', 0):.0f}%) | "
             f"{_f(row.get('p50_1'))} ({_f(row['engine_batch1_p50_ms'])} + {_f(row.get('overhead_ms'))}) | "
             f"{_f(row.get('p99_over_p50'), '.2f')} | {_f(row.get('naive_rps_32'))} | "
             f"{_f(row.get('vs_naive'), '.1f')}× (≥{_f(row.get('vs_naive_target'), '.0f')}×) | "
@@ -516,8 +521,8 @@ def int8_markdown(summary: list[dict[str, Any]]) -> list[str]:
     pairs = [(by[(w, "fp32")], row) for (w, precision), row in by.items() if precision == "int8" and (w, "fp32") in by]
     if not pairs:
         return []
-    lines = ["", "| workload | engine best req/s fp32 → int8 | × | engine batch-1 ms fp32 → int8 | berth req/s @32 fp32 → "
-             "int8 | × |", "|---|---|---|---|---|---|"]
+    lines = ["", "| workload | engine best req/s fp32 → int8 | × | engine batch-1 ms fp32 → int8 | "
+             "berth req/s @32 fp32 → int8 | × |", "|---|---|---|---|---|---|"]
     for fp32, int8 in pairs:
         service = [fp32.get("rps_32"), int8.get("rps_32")]
         ratio = service[1] / service[0] if None not in service else None
@@ -534,7 +539,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--markdown", type=Path, metavar="JSON", help="print the docs table of a result file and exit")
     parser.add_argument("--models", nargs="+", metavar="PRECISION=FOLDER",
-                        help="model repositories by precision; each holds one bundle per task (classify, pair, ner, qa)")
+                        help="model repositories by precision; each holds one bundle per task "
+                             "(classify, pair, ner, qa)")
     parser.add_argument("--checkpoints", nargs="+", default=[], metavar="TASK=FOLDER",
                         help="fine-tuned folders for the naive peer, by task (default: the checkpoints the bundles' "
                              "manifests name)")

@@ -159,7 +159,8 @@ class Predictor:
             except orjson.JSONDecodeError:
                 raise RowError(f"column {column!r}: not a JSON list of texts") from None
         if not isinstance(values, list):
-            raise RowError(f"missing column {column!r}" if values is None else f"column {column!r}: not a list of texts")
+            raise RowError(f"missing column {column!r}" if values is None
+                           else f"column {column!r}: not a list of texts")
         texts = {f"{column}[{i}]": value for i, value in enumerate(values)}
         return [self._text(texts, name) for name in texts]
 
@@ -319,7 +320,8 @@ def setup(job: Job, bundle: Any, options: Any) -> Setup:
     in_kind = io.format_of(job.input, job.input_format, io.INPUT_FORMATS, "input")
     out_kind = io.format_of(job.output, job.output_format, io.OUTPUT_FORMATS, "output")
     c = job.columns
-    reader = io.open_reader(job.input, in_kind, [c.text, c.pair, c.question, c.context, c.choices, c.query, c.documents, c.id])
+    reader = io.open_reader(job.input, in_kind,
+                            [c.text, c.pair, c.question, c.context, c.choices, c.query, c.documents, c.id])
     id_from_column = io.has_column(reader, c.id)
     spec = bundle.spec()
     layout = results.layout(definition(spec.task), spec, options)

@@ -68,7 +68,8 @@ def load_records(folder: Path = RECORDS) -> list[dict]:
 
 
 def this_session(record: dict) -> bool:
-    """Records with provenance (git revision, versions, threads, speed) come from the research recipes (`berth build-defaults --data-dir ../shared/data`)."""
+    """Records with provenance (git revision, versions, threads, speed) come from the research recipes
+    (`berth build-defaults --data-dir ../shared/data`)."""
     return "provenance" in record
 
 

@@ -91,7 +91,8 @@ class _Guard:
 
     def __init__(self, executor: PassExecutor, runner: Runner, new_options: Callable[[], Any] | None,
                  items: Sequence[ModelItem], batch: Batch):
-        self.executor, self.runner, self.new_options, self.items, self.batch = executor, runner, new_options, items, batch
+        self.executor, self.runner, self.new_options, self.items, self.batch = \
+            executor, runner, new_options, items, batch
         self.options: Any = None
         self.started = 0.0
         self.stopped_at: float | None = None

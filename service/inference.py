@@ -57,8 +57,8 @@ class Timings:
 
     def server_timing(self, total_s: float) -> str:
         stages = [("parse", self.parse_s), ("tokenize", self.tokenize_s), ("queue", self.queue_s),
-                  ("pad", self.pad_s), ("inference", self.inference_s), ("wake", self.wake_s), ("decode", self.decode_s),
-                  ("serialize", self.serialize_s), ("total", total_s)]
+                  ("pad", self.pad_s), ("inference", self.inference_s), ("wake", self.wake_s),
+                  ("decode", self.decode_s), ("serialize", self.serialize_s), ("total", total_s)]
         return ", ".join(f"{name};dur={seconds * 1000:.3f}" for name, seconds in stages)
 
 

@@ -148,7 +148,8 @@ TRUNCATION = columns(("truncated", "bool"), ("truncated_tokens", "int64"))  # ho
 
 def truncation_fields(result: dict[str, Any]) -> dict[str, Any]:
     """A result's `truncated` / `truncated_tokens` as row fields (False / 0 where it has none)."""
-    return {"truncated": bool(result.get("truncated", False)), "truncated_tokens": int(result.get("truncated_tokens", 0))}
+    return {"truncated": bool(result.get("truncated", False)),
+            "truncated_tokens": int(result.get("truncated_tokens", 0))}
 
 
 class TaskDefinition:

@@ -36,7 +36,8 @@ from tasks.tokenizer import EncodedInput, truncation
 
 POOLING_MODES = ("mean", "cls", "max")
 DEFAULT_MAX_SEQ_LENGTH = 512
-ST_POOLING_KEYS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max"}
+ST_POOLING_KEYS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls",
+                   "pooling_mode_max_tokens": "max"}
 
 
 def sentence_transformers_settings(folder: str | Path) -> dict[str, Any]:

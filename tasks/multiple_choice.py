@@ -85,7 +85,8 @@ def read_choice_jsonl(path: str | Path) -> list[ChoiceExample]:
                 raise ValueError(f"{path}:{number}: expected {{\"context\": str, \"choices\": [str, ...], \"label\"}}")
             label = row.get("label")
             if label is not None and not 0 <= int(label) < len(row["choices"]):
-                raise ValueError(f"{path}:{number}: label {label} is not an index into its {len(row['choices'])} choices")
+                raise ValueError(f"{path}:{number}: label {label} is not an index into its "
+                                 f"{len(row['choices'])} choices")
             examples.append(ChoiceExample(str(row.get("id", number)), row["context"], [str(c) for c in row["choices"]],
                                           None if label is None else int(label)))
     return examples

@@ -578,7 +578,8 @@ class QATask(TaskDefinition):
         longest = sorted(candidates, key=lambda e: -len(e.context))[: max(1, size // 4)]
         chosen_ids = {e.id for e in longest}
         in_order = [e for e in candidates if e.id not in chosen_ids][: size - len(longest)]
-        picked = [e for pair in zip(longest, in_order) for e in pair] + longest[len(in_order):] + in_order[len(longest):]
+        picked = [e for pair in zip(longest, in_order) for e in pair] \
+            + longest[len(in_order):] + in_order[len(longest):]
         return picked[:size]
 
 

@@ -27,7 +27,8 @@ def ask(http, route: str, model: str, inputs: list, **options) -> list:
 def assert_same(got, expected, where: str = "", tol: float = 1e-4) -> None:
     """Equal, floats within `tol` (absolute or relative): other padding, other float sums."""
     if isinstance(expected, float) or isinstance(got, float):
-        assert got is not None and math.isclose(got, expected, rel_tol=tol, abs_tol=tol), f"{where}: {got} != {expected}"
+        assert got is not None and math.isclose(got, expected, rel_tol=tol, abs_tol=tol), \
+            f"{where}: {got} != {expected}"
     elif isinstance(expected, dict):
         assert isinstance(got, dict), f"{where}: {got!r} is not an object"
         for key, value in expected.items():
@@ -83,7 +84,8 @@ def test_pair_regression_stsb_matches_pair(shared_data, http, bundle_repository,
                 "--pair-column", "sentence2", "--id-column", "index")
     rows = read_output(out)
     assert [r["id"] for r in rows] == [p["index"] for p in pairs]
-    expected = ask(http, "/v1/pair", "similarity", [{"text": p["sentence1"], "text_pair": p["sentence2"]} for p in pairs])
+    expected = ask(http, "/v1/pair", "similarity",
+                   [{"text": p["sentence1"], "text_pair": p["sentence2"]} for p in pairs])
     for i, (row, answer) in enumerate(zip(rows, expected)):
         assert "label" not in answer or answer["label"] is None
         assert row["label"] is None

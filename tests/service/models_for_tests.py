@@ -166,8 +166,8 @@ def build_checkpoints(root: Path) -> dict[str, Path]:
 
     model, _ = load_pretrained(BertForSequenceClassification, base, id2label={0: "negative", 1: "positive"})
     nn.init.normal_(model.classifier.weight, std=0.5)
-    folders["sentiment"] = _save(model, root / "sentiment", TaskSpec(task="classification", labels=["negative", "positive"],
-                                                                     max_seq_length=64))
+    folders["sentiment"] = _save(model, root / "sentiment",
+                                 TaskSpec(task="classification", labels=["negative", "positive"], max_seq_length=64))
 
     model, _ = load_pretrained(BertForSequenceClassification, base, num_labels=1, problem_type="regression")
     nn.init.normal_(model.classifier.weight, std=0.5)

@@ -24,7 +24,8 @@ def test_budgets_refuse_a_huge_request_before_any_inference(server, client):
     r = client.post("/v1/qa", json={"inputs": [{"question": "When?", "context": c} for c in contexts]})
     assert r.status_code == 413 and r.json()["error_type"] == "too_large"
     assert "max_chars_per_request" in r.json()["error"]
-    one = client.post("/v1/qa", json={"inputs": {"question": "When?", "context": contexts[0] + " " + contexts[1][:60_000]}})
+    one = client.post("/v1/qa",
+                      json={"inputs": {"question": "When?", "context": contexts[0] + " " + contexts[1][:60_000]}})
     assert one.status_code == 413 and "max_chars_per_input" in one.json()["error"]
     # ~17,000 words: within the character limits, ~400 NER windows of 64 tokens once tokenized
     windows = client.post("/v1/ner", json={"inputs": contexts[0]})
@@ -111,8 +112,8 @@ def test_qa_at_the_answer_length_cap_on_a_long_context_stays_in_bounded_memory(s
 # load-independent figure is bench/service_abuse.py --gil (GIL held 188 ms -> 16 ms of a 100k-char NER).
 @pytest.mark.slow
 def test_the_event_loop_answers_probes_while_a_large_text_is_tokenized(server):
-    """A 50,000-character NER text (~200 windows) is tokenized, windowed, run and decoded off the event loop: no-op probes
-    (/healthz) sent back to back meanwhile keep being answered. Bound: in at least one of three rounds no
+    """A 50,000-character NER text (~200 windows) is tokenized, windowed, run and decoded off the event loop: no-op
+    probes (/healthz) sent back to back meanwhile keep being answered. Bound: in at least one of three rounds no
     probe waits half as long as the tokenization took (the server's Server-Timing says how long). A
     tokenizer that holds the GIL (`Tokenizer.encode`) stalls the probe arriving during it for the whole
     encode, ~80% of that stage, in every round; the rounds absorb a noisy neighbour's burst."""
