@@ -5,26 +5,30 @@ its idle RSS from /proc, then for each route sends `--concurrency` copies at onc
 default limits accept for it (the most inputs and tokens that pass max_inputs_per_request,
 max_tokens_per_request and max_response_bytes), sampling the server's RSS every 10 ms: the peak growth is what
 that many such requests cost at once. Token vectors (the largest answers) are sent 8 at once, as many as
-max_inflight_response_bytes holds; last, every route's heaviest request, `--concurrency` copies each, all at once. A request the limits refuse is reported with its status (the figure
-then is what a refusal costs). Writes JSON with the machine facts and prints a table.
+max_inflight_response_bytes holds; last, every route's heaviest request, `--concurrency` copies each, all at
+once. A request the limits refuse is reported with its status (the figure then is what a refusal costs).
+Writes JSON with the machine facts and prints a table.
 
     python -m bench.memory --models models --out bench/results/memory-defaults.json
     python -m bench.memory --models /tmp/repo --only sentiment,embeddings --concurrency 4
     python -m bench.memory --table bench/results/memory-defaults.json    # the markdown table of a run
 
 `--idle` compares the sessions' memory settings (BERTH_ORT_SHARED_MEMORY false: a copy of the weights and
-an arena per ONNX Runtime session, as before; true: shared, with or without BERTH_ORT_PREPACK_WEIGHTS) in one
-run: the idle RSS of a server with the first model alone and with all of them, the growth per additional
-model, and, with `--peak`, the RSS peak while
-`--concurrency` copies of every model's heaviest request run at once:
+an arena per ONNX Runtime session, as before; true: shared, with or without BERTH_ORT_PREPACK_WEIGHTS; shared
+with BERTH_PARALLEL_PASSES=1, no narrow second session per model) in one run, or only those named by
+`--policy`: the idle RSS of a server with the first model alone and with all of them, the growth per
+additional model, and, with `--peak`, the RSS peak while `--concurrency` copies of every model's heaviest
+request run at once:
 
     python -m bench.memory --models models --idle --peak --out bench/results/memory-idle.json
+    python -m bench.memory --models models --idle --policy shared --only topics,similarity   # one model vs two
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import threading
 import time
 import urllib.error
@@ -135,9 +139,10 @@ def measure_all(port: int, pid: int, plans: list[tuple[str, dict[str, Any]]], co
 
 def record(result: dict[str, Any], row: dict[str, Any]) -> None:
     result["rows"].append(row)
-    print(f"{row['model']:12s} {row['task']:18s} {row['inputs']:4d} inputs x{row['concurrency']}: status {row['status']}, "
-          f"answer {row['answer_bytes'] / 2**20:6.2f} MiB, RSS peak +{row['rss_peak_growth_mib']:.0f} MiB, after "
-          f"+{row['rss_after_growth_mib']:.0f} MiB, {row['seconds']:.1f} s {' '.join(row['errors'])[:200]}", flush=True)
+    print(f"{row['model']:12s} {row['task']:18s} {row['inputs']:4d} inputs x{row['concurrency']}: "
+          f"status {row['status']}, answer {row['answer_bytes'] / 2**20:6.2f} MiB, "
+          f"RSS peak +{row['rss_peak_growth_mib']:.0f} MiB, after +{row['rss_after_growth_mib']:.0f} MiB, "
+          f"{row['seconds']:.1f} s {' '.join(row['errors'])[:200]}", flush=True)
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -158,6 +163,9 @@ POLICIES = {  # the sessions' memory settings compared by --idle
     "per-session": {"BERTH_ORT_SHARED_MEMORY": "false"},
     "shared": {"BERTH_ORT_SHARED_MEMORY": "true", "BERTH_ORT_PREPACK_WEIGHTS": "true"},
     "shared, not prepacked": {"BERTH_ORT_SHARED_MEMORY": "true", "BERTH_ORT_PREPACK_WEIGHTS": "false"},
+    # the default, without the narrow second session of each model (one pass at a time per model)
+    "shared, one session": {"BERTH_ORT_SHARED_MEMORY": "true", "BERTH_ORT_PREPACK_WEIGHTS": "true",
+                            "BERTH_PARALLEL_PASSES": "1"},
 }
 
 
@@ -187,7 +195,7 @@ def idle_comparison(args: argparse.Namespace, bundles: dict[str, Any], names: li
     --peak, the peak while every model's heaviest request runs --concurrency times at once."""
     extra = ["--request-timeout", str(args.request_timeout)]
     rows = []
-    for policy in POLICIES:
+    for policy in args.policies:
         row: dict[str, Any] = {"policy": policy, "models": len(names)}
         started = time.perf_counter()
         port, server = idle_server(args.models, names[:1], policy, args.threads, work, extra)
@@ -250,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--request-timeout", type=float, default=600.0)
     parser.add_argument("--idle", action="store_true", help="compare memory settings (idle RSS)")
     parser.add_argument("--peak", action="store_true", help="with --idle: the heaviest requests' peak")
+    parser.add_argument("--policy", dest="policies", action="append", choices=sorted(POLICIES),
+                        help="with --idle: only this memory setting (repeatable; default: every one)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "memory.json")
     args = parser.parse_args(argv)
     if args.table is not None:
@@ -258,13 +268,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.models is None:
         parser.error("--models is required (or --table FILE)")
+    args.policies = args.policies or list(POLICIES)
 
     bundles = {b.name: load_bundle(b) for b in find_bundles(args.models)}
     names = [n for n in args.only.split(",") if n] or sorted(bundles)
     result: dict[str, Any] = {"machine": machine_facts(args.threads), "repository": str(args.models),
                               "models": names, "rows": []}
-    work = args.out.parent / "memory-logs"
-    work.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="berth-memory-"))  # the servers' logs, for when one fails
+    print(f"server logs in {work}", flush=True)
     if args.idle:
         result.update(idle_comparison(args, bundles, names, work))
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -126,7 +126,8 @@ def export_bundle(
         )
         if precision == "int8":
             optimization["int8"] = {"recipe": recipe, **RECIPES[recipe].describe(),
-                                    "calibration": {"file": str(calibration_file), "examples": calibration.DEFAULT_EXAMPLES}
+                                    "calibration": {"file": str(calibration_file),
+                                                    "examples": calibration.DEFAULT_EXAMPLES}
                                     if RECIPES[recipe].static else None}
         final = scratch / "bundle"
         final.mkdir()
@@ -165,7 +166,8 @@ def export_bundle(
             shutil.rmtree(out)
         shutil.move(str(final), str(out))
     bundle = load_bundle(out)
-    log.info("bundle %s: %s %s, parity %s", out, spec.task, precision, "passed" if bundle.parity["passed"] else "failed")
+    log.info("bundle %s: %s %s, parity %s", out, spec.task, precision,
+             "passed" if bundle.parity["passed"] else "failed")
     return bundle
 
 
@@ -236,17 +238,19 @@ def _build_model_file(
         # guide converts the optimized graph).
         return convert(fused, scratch / "optimized-fp16.onnx"), {
             **record, "offline_optimizer": True,
-            "chosen_because": "fp16 targets CUDA, not present here to measure; converted the fused graph, as ORT recommends"}
+            "chosen_because": "fp16 targets CUDA, not present here to measure; converted the fused graph, "
+                              "as ORT recommends"}
     candidates = {name: convert(path, scratch / f"{name}-{target_precision}.onnx")
                   for name, path in (("plain", plain), ("optimized", fused))}
     feeds = optimize.synthetic_batch(8, 128, config.vocab_size)
     winner, timing = optimize.fastest_graph(candidates, feeds, target_precision, threads, prefer_gpu)
     seconds = timing["seconds_per_batch"]
     ratio = seconds["plain"] / seconds["optimized"]
-    because = (f"{target_precision} measured on {timing['provider']} at batch 8 x 128: plain {seconds['plain'] * 1000:.1f} ms, "
-               f"optimized {seconds['optimized'] * 1000:.1f} ms per batch (optimized is {ratio:.2f}x as fast); "
-               f"kept the {winner} graph"
-               + ("" if winner == "optimized" else " (ORT's session-level optimizations already fuse much of it at load)"))
+    because = (f"{target_precision} measured on {timing['provider']} at batch 8 x 128: "
+               f"plain {seconds['plain'] * 1000:.1f} ms, optimized {seconds['optimized'] * 1000:.1f} ms per batch "
+               f"(optimized is {ratio:.2f}x as fast); kept the {winner} graph"
+               + ("" if winner == "optimized"
+                  else " (ORT's session-level optimizations already fuse much of it at load)"))
     log.info("%s", because)
     return candidates[winner], {**record, "offline_optimizer": winner == "optimized", "chosen_because": because,
                                 "timing": timing}

@@ -82,11 +82,13 @@ def default_data_dir() -> Path | None:
 # -- the dev slice -----------------------------------------------------------------------------------
 
 
-def parity_slice(spec: TaskSpec, tokenizer: Tokenizer, data_dir: Path | None, size: int) -> tuple[list[ParityExample], str]:
+def parity_slice(spec: TaskSpec, tokenizer: Tokenizer, data_dir: Path | None,
+                 size: int) -> tuple[list[ParityExample], str]:
     """`size` real examples of the task, prepared with the spec's settings, and where they came from."""
     task = definition(spec.task)
     path = _first_file(data_dir, *task.parity_files) if task.parity_files else None
-    examples = [ParityExample(str(getattr(raw, "id", "") or f"{spec.task}-{i}"), task.prepare_parity(tokenizer, spec, raw))
+    examples = [ParityExample(str(getattr(raw, "id", "") or f"{spec.task}-{i}"),
+                              task.prepare_parity(tokenizer, spec, raw))
                 for i, raw in enumerate(task.parity_inputs(path, size))]
     return examples, str(path) if path else "built-in inputs"
 
@@ -257,7 +259,8 @@ def _agreement_measure(spec: TaskSpec, tolerance: float | None) -> str:
 
 def _first_difference(a: Hashable, b: Hashable, context: int = 2) -> dict[str, Any]:
     """The two answers, cut to a few items around where they first differ when they are long lists."""
-    if isinstance(a, tuple) and isinstance(b, tuple) and a and isinstance(a[0], tuple) and max(len(a), len(b)) > 2 * context:
+    if (isinstance(a, tuple) and isinstance(b, tuple) and a and isinstance(a[0], tuple)
+            and max(len(a), len(b)) > 2 * context):
         at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         lo = max(0, at - context)
         return {"from_item": lo, "pytorch": _jsonable(a[lo : at + context]), "onnx": _jsonable(b[lo : at + context]),
@@ -276,7 +279,8 @@ def _jsonable(value: Any) -> Any:
 def format_report(report: dict[str, Any]) -> str:
     """One paragraph a person can act on: what was compared, the figures, the verdict."""
     verdict = "passed" if report["passed"] else "FAILED"
-    limit = ", ".join(f"{k} {'>=' if k == 'confident_agreement' else '<='} {v:g}" for k, v in report["threshold"].items())
+    limit = ", ".join(f"{k} {'>=' if k == 'confident_agreement' else '<='} {v:g}"
+                      for k, v in report["threshold"].items())
     lines = [
         f"parity {verdict} for {report['precision']} on {report['provider']} (required: {limit}):",
         f"  max |Δ| {report['max_abs_diff']:.3g} (by output: "
@@ -328,6 +332,6 @@ def metric_gate(
 
 def format_metric(figures: dict[str, Any]) -> str:
     verdict = "passed" if figures["passed"] else "FAILED"
-    return (f"task metric {verdict}: {figures['name']} {figures['candidate']:.2f} vs reference {figures['reference']:.2f} "
-            f"({figures['delta_points']:+.2f} points, at most -{figures['max_drop_points']:g} allowed) on "
-            f"{figures['examples']} examples of {figures['data']}")
+    return (f"task metric {verdict}: {figures['name']} {figures['candidate']:.2f} "
+            f"vs reference {figures['reference']:.2f} ({figures['delta_points']:+.2f} points, "
+            f"at most -{figures['max_drop_points']:g} allowed) on {figures['examples']} examples of {figures['data']}")

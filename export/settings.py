@@ -34,7 +34,7 @@ class ExportSettings(BaseModel):
                                         "classification/pair, 128 ner/fill-mask, 100 qa)")
     min_agreement: float = Field(0.99, ge=0, le=1, description="fp16/int8: share of examples whose task answer must "
                                  "match PyTorch; recorded in the manifest")
-    int8_recipe: str | None = Field(None, description="int8: how to quantize (default: dynamic-keep-early-ffn, "
+    int8_recipe: str | None = Field(None, description="int8: how to quantize (default: dynamic-keep-early-ffn-emb8, "
                                     "chosen by measurement; see docs/ENGINE.md section 3)")
     calibration_data: Path | None = Field(None, description="int8 static: training file to calibrate on (default: "
                                           "the one in the folder's finetune_run.json)")

@@ -19,9 +19,9 @@ Threads: the forward passes of all models share `usable_cpus()` compute units, o
 thread, so the pools never run more threads than the cores allow: a lone pass takes `intra_op_threads`
 (all cores by default), and under load a CPU model runs `parallel_passes` passes at once on
 `cores // parallel_passes` threads each (batcher.py says why); large tokenizations run on one
-tokenizer thread, with the GIL released (`encode_batch`). Discovery (manifests and file hashes) runs before the server accepts connections, so
-a bad repository stops the start with the bundle and the reason; sessions and warm-up run after,
-off the event loop.
+tokenizer thread, with the GIL released (`encode_batch`). Discovery (manifests and file hashes) runs before
+the server accepts connections, so a bad repository stops the start with the bundle and the reason; sessions
+and warm-up run after, off the event loop.
 """
 
 from __future__ import annotations

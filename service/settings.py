@@ -55,7 +55,8 @@ class ServiceSettings(BaseModel):
     batch_table: Path | None = Field(
         None, description="measured batch sizes (`python -m bench.batch_table`): a JSON file for every model, or a "
                           "folder of <model name>.json; a pass at a given padded length takes the table's best batch "
-                          "size (capped by max_batch_size). Without one: cpu_pass_tokens on the CPU, max_batch_size on CUDA")
+                          "size (capped by max_batch_size). Without one: cpu_pass_tokens on the CPU, "
+                          "max_batch_size on CUDA")
     pipeline: bool = Field(True, description="take and pad the next batch while the current forward pass runs")
     max_queue_items: int = Field(2048, ge=1, description="items waiting per model; beyond, 429 + Retry-After")
     retry_after_s: int = Field(1, ge=1, description="the least Retry-After on 429/503, in seconds")
@@ -157,7 +158,8 @@ class ServiceSettings(BaseModel):
     )
     ort_spin_in_pass: bool = Field(
         True, description="let ONNX Runtime threads busy-wait between the operators of one pass, and sleep once "
-                          "it ends (a lone pass runs faster; under load passes run single-threaded, where nothing spins)")
+                          "it ends (a lone pass runs faster; under load passes run single-threaded, where "
+                          "nothing spins)")
     ort_shared_memory: bool = Field(
         True, description="CPU: the sessions of one model share one copy of its weights, and every session "
                           "one memory arena growing by what is asked (false: ONNX Runtime's default, a copy "

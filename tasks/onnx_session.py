@@ -52,7 +52,8 @@ def choose_provider(precision: str, prefer_gpu: bool = True, available: list[str
     if prefer_gpu and CUDA in available:
         return CUDA
     if prefer_gpu:
-        note = " (fp16 on CPU is slower than fp32; prefer an fp32 or int8 bundle on CPU-only hosts)" if precision == "fp16" else ""
+        note = (" (fp16 on CPU is slower than fp32; prefer an fp32 or int8 bundle on CPU-only hosts)"
+                if precision == "fp16" else "")
         level = logging.WARNING if precision == "fp16" else logging.INFO
         _note_once(level, "%s not available; running %s models on %s%s", CUDA, precision, CPU, note)
     return CPU
@@ -218,7 +219,19 @@ def create_session(
             options.add_session_config_entry("session.use_env_allocators", "1")
     session = onnxruntime.InferenceSession(model, sess_options=options, providers=providers)
     session.berth_shared_weights = weights  # ORT reads their buffers: they live as long as the session
+    if provider == CPU and isinstance(model, bytes):
+        release_model_bytes(session)
     return session, session.get_providers()[0]
+
+
+def release_model_bytes(session: Any) -> None:
+    """Let go of the model's bytes that onnxruntime's Python session keeps (`_model_bytes`, "holding the memory
+    indefinitely", says its source) only to rebuild itself on another provider after a provider error. A CPU
+    session has nothing to fall back to: without this a served model keeps its whole serialized file (62 MiB
+    for an int8 MiniLM) alive beside the session's own weights."""
+    if getattr(session, "_model_bytes", None) is not None:
+        session.disable_fallback()
+        session._model_bytes = None
 
 
 def per_token_output_bytes(session: Any, names: Any = None) -> int:

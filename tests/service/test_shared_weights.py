@@ -112,3 +112,53 @@ def test_a_server_answers_the_same_with_shared_memory_on_and_off(bundle_reposito
         assert np.allclose([r["score"] for r in on], [r["score"] for r in off], atol=FP32_MAX_ABS_DIFF)
     for on, off in zip(vectors_on, vectors_off):
         assert np.abs(np.array(on["embedding"]) - np.array(off["embedding"])).max() <= FP32_MAX_ABS_DIFF
+
+
+def test_a_cpu_session_from_bytes_lets_go_of_them_and_answers_the_same(bundle_repository, int8_model):
+    """onnxruntime's Python session keeps the model's bytes for a provider fallback a CPU session cannot use: a
+    served model held its whole serialized file (62 MiB for an int8 MiniLM) beside its weights. Released, the
+    session answers bit for bit as the session that still holds them, with the serving policy and without."""
+    import sys
+
+    import onnxruntime
+
+    data = int8_model.read_bytes()
+    references = sys.getrefcount(data)
+    holding = onnxruntime.InferenceSession(data, sess_options=onnx_session.session_options(1),
+                                           providers=["CPUExecutionProvider"])
+    assert sys.getrefcount(data) == references + 1  # what ORT does by itself
+    try:
+        for policy in (onnx_session.MemoryPolicy(), onnx_session.MemoryPolicy.serving()):
+            onnx_session.set_memory_policy(policy)
+            session, _ = onnx_session.create_session(data, "int8", 1, prefer_gpu=False)
+            assert sys.getrefcount(data) == references + 1  # nothing of this session refers to the bytes
+            for batch, length, seed in [(1, 9, 0), (3, 64, 1)]:
+                for expected, got in zip(holding.run(None, feeds(holding, batch, length, seed)),
+                                         session.run(None, feeds(session, batch, length, seed))):
+                    assert np.array_equal(expected, got)
+    finally:
+        onnx_session.set_memory_policy(onnx_session.MemoryPolicy())
+    path_session, _ = onnx_session.create_session(int8_model, "int8", 1, prefer_gpu=False)
+    assert path_session._model_bytes is None  # a path: nothing held either way
+
+
+@pytest.mark.parametrize("parallel_passes,cores,expected", [(0, 2, "second"), (1, 2, None), (0, 1, None)])
+def test_a_model_has_a_narrow_second_session_only_where_it_runs_passes_side_by_side(
+        bundle_repository, parallel_passes, cores, expected):
+    """One core, or parallel_passes=1: no second session (measured: ~20 MiB idle a small int8 model, its
+    prepacked GEMM weights and structures); otherwise a narrow one on cores // parallel_passes threads."""
+    from service.cpu import ComputeSlots
+    from service.models import MODEL_FILE, OnnxEngine, narrow, verified_bytes
+    from service.settings import ServiceSettings
+    from tasks.bundle import load_bundle
+
+    bundle = load_bundle(bundle_repository / "sentiment")
+    data = verified_bytes(bundle, MODEL_FILE)
+    wide = OnnxEngine(bundle, cores, prefer_gpu=False, model_bytes=data)
+    engine, threads = narrow(wide, bundle, data, ServiceSettings(device="cpu", parallel_passes=parallel_passes),
+                             ComputeSlots(cores))
+    if expected is None:
+        assert engine is None and threads == wide.threads
+    else:
+        assert engine is not None and engine is not wide and engine.session is not wide.session
+        assert threads == engine.threads == 1
