@@ -13,7 +13,8 @@ evaluated is what is served. A *batch* is what one forward pass sees.
 
 Two kinds of runner, both torch-free types:
     Runner       one padded forward pass: int64 feeds -> float arrays by output name (ONNX Runtime:
-                 tasks/onnx_session.onnx_runner and the service's OnnxEngine; PyTorch: training/predict.torch_runner)
+                 tasks/onnx_session.onnx_runner, which the service's batcher runs; PyTorch:
+                 training/predict.torch_runner)
     ItemRunner   model items -> each item's rows, batched here (`item_runner` makes one of a Runner): what
                  the task definitions evaluate and predict with (onnx_item_runner, torch_item_runner)
 """
