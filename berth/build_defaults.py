@@ -96,9 +96,10 @@ SAMPLE_RECIPES = [
            floor=("mrr_at_10", 0.6), more={"epochs": 1, "max_train_examples": 400, "learning_rate": 3e-5},
            minutes=7),
 ]
-# The research recipes (issue 11): one run at a time with every core, at most 45 minutes of training
-# each; the budget fits the schedule (epochs are shortened, warmup and decay kept whole). The `minutes`
-# are the runs of docs/RESULTS.md on 2 idle cores (training, the full-dev evaluation and the export).
+# The research recipes (`--data-dir`: the full research sets): one run at a time with every core, at most
+# 45 minutes of training each; the budget fits the schedule (epochs are shortened, warmup and decay kept
+# whole). The `minutes` are the runs of docs/RESULTS.md on 2 idle cores (training, the full-dev evaluation
+# and the export).
 SHARED_RECIPES = [
     Recipe("sst2", "classification", "sst2/train.tsv", "sst2/dev.tsv",
            {"epochs": 2, "max_minutes": 45, "max_seq_length": 64, "learning_rate": 5e-5}, minutes=25),
@@ -176,7 +177,8 @@ def build_defaults(out: Path, work: Path, data_dir: Path | None = None, only: li
         (work / RECORD_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
         built.append(bundle)
     if todo:
-        print(f"built {len(todo)} bundle(s) in {record['total_minutes']:.1f} min; record: {work / RECORD_FILE}", flush=True)
+        print(f"built {len(todo)} bundle(s) in {record['total_minutes']:.1f} min; record: {work / RECORD_FILE}",
+              flush=True)
     return built
 
 
@@ -238,8 +240,9 @@ def _machine() -> dict:
 
     from training.provenance import git_revision
 
-    return {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "processor": _cpu_model() or platform.processor(),
-            "load_average_start": _load_average(), "git_revision": git_revision(), "torch": torch.__version__}
+    return {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "processor": _cpu_model() or platform.processor(), "load_average_start": _load_average(),
+            "git_revision": git_revision(), "torch": torch.__version__}
 
 
 def scaled_recipe(recipe: Recipe, minutes: float) -> Recipe:

@@ -57,6 +57,21 @@ NER_TYPES = ("PER", "LOC", "ORG")
 NER_DEV_SHARE = 0.15  # of wikigold documents and of BTC tweets, held out whole
 QA_CONTEXT_WORDS = 60  # training excerpts: short contexts, several times more questions per CPU-minute
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
+# The contrast mix (weaknesses seen on hand-written inputs: organisations missed in company-heavy sentences,
+# multi-word and hyphenated names cut; pairs that share most words but mean the opposite scored as similar).
+# Drawn with its own generator so the main one's draws, and with them every other sample and both dev
+# sets, stay byte for byte as they were.
+MIX_SEED = "contrast-mix-1"
+# similarity: training pairs that share most of their words (Jaccard of the lower-cased word sets) but are
+# scored low are repeated, so word overlap alone stops predicting a high score.
+STSB_CONTRAST = {"min_overlap": 0.5, "max_score": 2.5, "extra_copies": 2}
+# entities: training sentences with several organisations, a multi-word organisation or a hyphenated
+# name are repeated once (every wikigold one, a seeded half of the BTC ones: wikigold's edited sentences
+# are closer to what users send); a share of the training tweets without any entity is left out to pay
+# for them, so the training tokens (what the trainer's cost follows) and the recipe's minutes hold.
+NER_REPEAT_SHARE = {"wikigold": 1.0, "btc": 0.5}
+NER_DROP_EMPTY_TWEETS = 0.6
+WORD = re.compile(r"[a-z0-9']+")
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> None:
@@ -90,9 +105,25 @@ def topics(shared: Path, rng: random.Random) -> None:
         _write_jsonl(out / f"{split}.jsonl", rows)
 
 
-def stsb(shared: Path) -> None:
+def word_overlap(a: str, b: str) -> float:
+    """Jaccard overlap of the two texts' lower-cased word sets."""
+    first, second = set(WORD.findall(a.lower())), set(WORD.findall(b.lower()))
+    return len(first & second) / max(1, len(first | second))
+
+
+def is_contrast_pair(row: dict) -> bool:
+    """A pair that shares most of its words but is scored low (STSB_CONTRAST)."""
+    return (row["label"] <= STSB_CONTRAST["max_score"]
+            and word_overlap(row["text"], row["text_pair"]) >= STSB_CONTRAST["min_overlap"])
+
+
+def stsb(shared: Path) -> dict:
     """STS-B pairs whose texts are permissively licensed: `images` (PASCAL VOC-2008 captions, CC BY-SA)
-    for training (its train and dev pairs), `track5.en-en` (SNLI, CC BY-SA 4.0) held out as dev."""
+    for training (its train and dev pairs), `track5.en-en` (SNLI, CC BY-SA 4.0) held out as dev.
+
+    Every `images` pair is already in training, so the high-overlap, low-score ones (is_contrast_pair)
+    are added again, STSB_CONTRAST["extra_copies"] more times each. RTE's not_entailment pairs would
+    fit too but are not shipped: RTE is research use only. Returns the mix for SOURCES.md."""
     out = OUT / "stsb"
     out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -104,8 +135,15 @@ def stsb(shared: Path) -> None:
         return [{"text": r["sentence1"], "text_pair": r["sentence2"], "label": float(r["score"])}
                 for r in rows if r["filename"] == genre]
 
-    _write_jsonl(out / "train.jsonl", pairs("images"))
+    train = pairs("images")
+    contrast = [row for row in train if is_contrast_pair(row)]
+    extra = contrast * STSB_CONTRAST["extra_copies"]
+    random.Random(MIX_SEED).shuffle(extra)
+    _write_jsonl(out / "train.jsonl", train + extra)
     _write_jsonl(out / "dev.jsonl", pairs("track5.en-en"))
+    return {"images pairs": len(train), "contrast pairs (overlap >= {min_overlap}, score <= {max_score})".format(
+        **STSB_CONTRAST): len(contrast), "rows added": len(extra), "train rows": len(train) + len(extra),
+        "dev rows (track5.en-en, unchanged)": len(pairs("track5.en-en"))}
 
 
 def _write_conll(path: Path, sentences: list[tuple[list[str], list[str]]]) -> None:
@@ -119,10 +157,42 @@ def _keep_types(tags: list[str], types: tuple[str, ...]) -> list[str]:
     return [tag if tag == "O" or tag[2:] in types else "O" for tag in tags]
 
 
-def entities(shared: Path, rng: random.Random, types: tuple[str, ...] = NER_TYPES) -> None:
+def entity_spans(tags: list[str]) -> list[tuple[str, int, int]]:
+    """(type, first token, end token) of each entity of an IOB2 tag sequence."""
+    spans: list[list] = []
+    for number, tag in enumerate(tags):
+        if tag.startswith("B-") or (tag.startswith("I-") and not (spans and spans[-1][2] == number
+                                                                   and spans[-1][0] == tag[2:])):
+            spans.append([tag[2:], number, number + 1])
+        elif tag.startswith("I-"):
+            spans[-1][2] = number + 1
+    return [tuple(span) for span in spans]
+
+
+def is_contrast_sentence(tokens: list[str], tags: list[str]) -> bool:
+    """Several organisations, a multi-word organisation, or a hyphenated person or organisation name."""
+    spans = entity_spans(tags)
+    organisations = [span for span in spans if span[0] == "ORG"]
+    return (len(organisations) >= 2 or any(end - start > 1 for _, start, end in organisations)
+            or any(kind in ("PER", "ORG") and any("-" in tokens[k].strip("-") for k in range(start, end))
+                   for kind, start, end in spans))
+
+
+def _entity_counts(sentences: list[tuple[list[str], list[str]]]) -> dict:
+    counts = {kind: 0 for kind in NER_TYPES}
+    for _tokens, tags in sentences:
+        for kind, _start, _end in entity_spans(tags):
+            counts[kind] = counts.get(kind, 0) + 1
+    return {"sentences": len(sentences), "tokens": sum(len(tokens) for tokens, _ in sentences), **counts}
+
+
+def entities(shared: Path, rng: random.Random, types: tuple[str, ...] = NER_TYPES) -> dict:
     """wikigold (IOB1, PER/LOC/ORG/MISC) and BTC (IOB2, PER/LOC/ORG) as one IOB2 set of `types`.
 
     Dev is held out by document: whole wikigold articles and whole tweets (a BTC document is a tweet).
+    Training then repeats the sentences of is_contrast_sentence once (NER_REPEAT_SHARE of them) and leaves
+    out NER_DROP_EMPTY_TWEETS of the tweets without an entity (MIX_SEED), dev untouched. Returns the
+    mix (sentences, tokens and entities per source) for SOURCES.md.
     """
     out = OUT / "entities"
     out.mkdir(parents=True, exist_ok=True)
@@ -136,14 +206,35 @@ def entities(shared: Path, rng: random.Random, types: tuple[str, ...] = NER_TYPE
     train, dev = [], []
     for number, document in enumerate(documents):
         (dev if number in dev_docs else train).extend((s.tokens, _keep_types(s.tags, types)) for s in document)
+    wikigold_train = {id(sentence) for sentence in train}
     for section in "abefgh":
         tweets = [(s.tokens, _keep_types(s.tags, types)) for s in read_conll(shared / "btc" / f"{section}.conll")]
         held = set(rng.sample(range(len(tweets)), round(NER_DEV_SHARE * len(tweets))))
         train += [t for n, t in enumerate(tweets) if n not in held]
         dev += [t for n, t in enumerate(tweets) if n in held]
-    rng.shuffle(train)
-    _write_conll(out / "train.conll", train)
+    rng.shuffle(train)  # as before the mix: the main generator's draws are unchanged
+
+    mix_rng = random.Random(MIX_SEED)
+    source = {id(sentence): "wikigold" if id(sentence) in wikigold_train else "btc" for sentence in train}
+    kept, dropped, repeated = [], [], []
+    for sentence in train:
+        if source[id(sentence)] == "btc" and not entity_spans(sentence[1]) and mix_rng.random() < NER_DROP_EMPTY_TWEETS:
+            dropped.append(sentence)
+            continue
+        kept.append(sentence)
+        if is_contrast_sentence(*sentence) and mix_rng.random() < NER_REPEAT_SHARE[source[id(sentence)]]:
+            repeated.append(sentence)
+    mixed = kept + repeated
+    mix_rng.shuffle(mixed)
+    _write_conll(out / "train.conll", mixed)
     _write_conll(out / "dev.conll", dev)
+
+    def by_source(sentences: list) -> dict:
+        return {name: _entity_counts([s for s in sentences if source[id(s)] == name]) for name in ("wikigold", "btc")}
+
+    return {"train before the mix": by_source(train), "left out: btc tweets without an entity": len(dropped),
+            "repeated": by_source(repeated), "train": by_source(mixed), "train total": _entity_counts(mixed),
+            "dev (unchanged)": _entity_counts(dev)}
 
 
 def _sentence_spans(text: str) -> list[tuple[int, int]]:
@@ -208,11 +299,11 @@ def main() -> None:
     shared = Path(sys.argv[1] if len(sys.argv) > 1 else "../shared/data")
     rng = random.Random(0)
     topics(shared, rng)
-    stsb(shared)
-    entities(shared, rng)
+    mix = {"stsb": stsb(shared), "entities": entities(shared, rng)}
     squad(shared, rng)
     for path in sorted(OUT.rglob("*.*")):
         print(f"{path.relative_to(OUT)}: {path.stat().st_size:,} bytes")
+    print(json.dumps(mix, indent=1))  # the mix SOURCES.md reports
 
 
 if __name__ == "__main__":
