@@ -33,9 +33,10 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from bench.machine import machine_facts
 from bench.service_load import REPO, free_port, running, serve_repository
@@ -61,33 +62,59 @@ def text_of(words: int, shift: int) -> str:
     return " ".join(pool[:words])
 
 
-def heaviest(task: str, max_seq_length: int) -> tuple[str, dict[str, Any]] | None:
-    """The route and the heaviest body the default limits accept for a model of `task` (256 inputs, 32,768 tokens
-    a request, 32 MiB of answer): as many full-length inputs as the token budget allows."""
-    words = int(max_seq_length * 0.7)  # ~1.3 tokens a word: inputs near max_seq_length
+def _texts(max_seq_length: int) -> list[str]:
+    """As many inputs near max_seq_length (~1.3 tokens a word) as 256 inputs and 32,768 tokens allow."""
     count = min(256, 32_768 // max_seq_length)
-    texts = [text_of(words, i) for i in range(count)]
-    if task == "classification":
-        return "/v1/classify", {"inputs": texts}
-    if task == "pair":
-        return "/v1/pair", {"inputs": [{"text": t[: len(t) // 2], "text_pair": t[len(t) // 2:]} for t in texts]}
-    if task == "embedding":
-        return "/v1/embed", {"inputs": texts}
-    if task == "embedding-tokens":  # per-token vectors: the largest answers a default server gives (~30 MiB)
-        return "/v1/embed", {"inputs": [text_of(int(max_seq_length * 0.6), i) for i in range(16)], "output": "tokens",
-                             "layers": [-1]}
-    if task == "ner":
-        return "/v1/ner", {"inputs": [text_of(int(max_seq_length * 0.6), i) for i in range(count)]}  # one window each
-    if task == "qa":
-        long = [text_of(2000, i) for i in range(6)]  # 6 contexts of ~2,600 tokens: ~26,000 tokens in windows
-        return "/v1/qa", {"inputs": [{"question": "When was it founded?", "context": c} for c in long], "top_k": 20}
-    if task == "fill-mask":
-        masked = [" ".join(t.split()[:60]) + " " + " ".join(["[MASK]"] * 16) + "." for t in texts[:128]]
-        return "/v1/fill-mask", {"inputs": masked, "top_k": 5}
-    if task == "multiple-choice":
-        return "/v1/choice", {"inputs": [{"context": t[:300], "choices": [t[300:400] + str(k) for k in range(8)]}
-                                         for t in texts[: 32_768 // 128 // 8]]}
-    return None
+    return [text_of(int(max_seq_length * 0.7), i) for i in range(count)]
+
+
+def _halves(text: str) -> dict[str, str]:
+    return {"text": text[: len(text) // 2], "text_pair": text[len(text) // 2:]}
+
+
+def _masked(texts: list[str]) -> list[str]:
+    return [" ".join(t.split()[:60]) + " " + " ".join(["[MASK]"] * 16) + "." for t in texts[:128]]
+
+
+class Heavy(NamedTuple):
+    """One of a task's heaviest requests: its name in the table, the (route, body) for a model's max_seq_length,
+    and how many copies run at once (None: --concurrency)."""
+
+    name: str
+    build: Callable[[int], tuple[str, dict[str, Any]]]
+    at_once: int | None = None
+
+
+# Per task, the heaviest bodies the default limits accept (256 inputs, 32,768 tokens a request, 32 MiB of answer).
+# A workload table, data: what is heaviest differs per task (windows for NER and QA, [MASK] count, choices).
+HEAVIEST: dict[str, tuple[Heavy, ...]] = {
+    "classification": (Heavy("classification", lambda n: ("/v1/classify", {"inputs": _texts(n)})),),
+    "pair": (Heavy("pair", lambda n: ("/v1/pair", {"inputs": [_halves(t) for t in _texts(n)]})),),
+    "embedding": (
+        Heavy("embedding", lambda n: ("/v1/embed", {"inputs": _texts(n)})),
+        # per-token vectors: the largest answers a default server gives (~30 MiB); as many at once as
+        # max_inflight_response_bytes holds
+        Heavy("embedding-tokens", lambda n: ("/v1/embed", {"inputs": [text_of(int(n * 0.6), i) for i in range(16)],
+                                                           "output": "tokens", "layers": [-1]}), at_once=8),
+    ),
+    # one window each
+    "ner": (Heavy("ner", lambda n: ("/v1/ner", {"inputs": [text_of(int(n * 0.6), i)
+                                                           for i in range(len(_texts(n)))]})),),
+    # 6 contexts of ~2,600 tokens: ~26,000 tokens in windows
+    "qa": (Heavy("qa", lambda n: ("/v1/qa", {"inputs": [{"question": "When was it founded?",
+                                                         "context": text_of(2000, i)} for i in range(6)],
+                                             "top_k": 20})),),
+    "fill-mask": (Heavy("fill-mask", lambda n: ("/v1/fill-mask", {"inputs": _masked(_texts(n)), "top_k": 5})),),
+    "multiple-choice": (Heavy("multiple-choice", lambda n: ("/v1/choice", {"inputs": [
+        {"context": t[:300], "choices": [t[300:400] + str(k) for k in range(8)]}
+        for t in _texts(n)[: 32_768 // 128 // 8]]})),),
+}
+
+
+def heaviest(task: str, max_seq_length: int) -> tuple[str, dict[str, Any]] | None:
+    """The route and the heaviest body of a model of `task` (the first of its table entry; None: not in it)."""
+    entries = HEAVIEST.get(task)
+    return entries[0].build(max_seq_length) if entries else None
 
 
 def post(port: int, route: str, body: dict[str, Any]) -> tuple[int, int, str]:
@@ -293,16 +320,12 @@ def main(argv: list[str] | None = None) -> int:
         everything = []
         for name in names:
             spec = bundles[name].spec()
-            tasks = [spec.task] + (["embedding-tokens"] if spec.task == "embedding" else [])
-            for task in tasks:
-                plan = heaviest(task, spec.max_seq_length)
-                if plan is None:
-                    continue
-                plan = (plan[0], {**plan[1], "model": name})
+            for heavy in HEAVIEST.get(spec.task, ()):
+                route, body = heavy.build(spec.max_seq_length)
+                plan = (route, {**body, "model": name})
                 everything.append(plan)
-                # as many token-vector answers at once as max_inflight_response_bytes holds of the largest
-                at_once = 8 if task == "embedding-tokens" else args.concurrency
-                record(result, {"model": name, "task": task, **measure(port, proc.pid, *plan, at_once)})
+                at_once = heavy.at_once or args.concurrency
+                record(result, {"model": name, "task": heavy.name, **measure(port, proc.pid, *plan, at_once)})
         record(result, {"model": "all", "task": "every route at once",
                         **measure_all(port, proc.pid, everything, args.concurrency)})
         result["rss_end_mib"] = rss_bytes(proc.pid) / 2**20
