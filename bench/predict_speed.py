@@ -2,7 +2,8 @@
 
 - **engine**: the rows prepared ahead by the task definition (not timed), sorted by length, cut into batches
   of one size padded to their longest item rounded up to 8 (as berth predict pads on the CPU), only
-  `session.run` timed; the best batch size of those tried is the ceiling.
+  `session.run` timed, on one session with every thread and on one-thread sessions side by side (one a
+  thread, each running every lane-th batch: what berth predict runs by default); the best is the ceiling.
 - **berth predict**: timed end to end (a subprocess: model load, reading, tokenizing, passes, decoding,
   writing Parquet, the final file).
 - **HTTP service**: a real `berth serve` on 127.0.0.1 (the same bundle and threads), an asyncio httpx client
@@ -88,28 +89,40 @@ def run_predict(command: list[str]) -> tuple[float, dict]:
     return time.perf_counter() - started, json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def engine_ceiling(bundle: Path, texts: list[str], threads: int, batch_sizes: list[int]) -> dict[int, float]:
-    """Rows/s of session.run alone per batch size, over the prepared items sorted by length."""
+def engine_ceiling(bundle: Path, texts: list[str], threads: int, batch_sizes: list[int]) -> dict[str, float]:
+    """Rows/s of session.run alone per batch size, over the prepared items sorted by length: one session on
+    every thread ("N"), and as many one-thread sessions as threads, each running every lane-th batch, side by
+    side ("N x1", what berth predict and the service under load run)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from predict.run import Model
     from tasks.batching import pad_batch
 
-    model = Model(bundle, threads)
-    d = model.definition
-    prepared = d.prepare_many(model.tokenizer, model.spec, texts, d.options())
-    items = sorted((item for p in prepared for item in p.items), key=len)
-    names = list(d.output_names)[:1]
     rates = {}
-    for size in batch_sizes:
-        feeds = []
-        for at in range(0, len(items), size):
-            batch = items[at : at + size]
-            padded = pad_batch(batch, pad_to=-(-max(len(x) for x in batch) // 8) * 8)
-            feeds.append({name: padded[name] for name in model.input_names})
-        model.session.run(names, feeds[len(feeds) // 2])  # warm
-        started = time.perf_counter()
-        for feed in feeds:
-            model.session.run(names, feed)
-        rates[size] = len(texts) / (time.perf_counter() - started)
+    for lanes in sorted({1, threads}):
+        model = Model(bundle, threads, lanes=lanes)
+        d = model.definition
+        prepared = d.prepare_many(model.tokenizer, model.spec, texts, d.options())
+        items = sorted((item for p in prepared for item in p.items), key=len)
+        names = list(d.output_names)[:1]
+        label = f"{threads}" if lanes == 1 else f"{lanes}x1"
+        for size in batch_sizes:
+            feeds = []
+            for at in range(0, len(items), size):
+                batch = items[at : at + size]
+                padded = pad_batch(batch, pad_to=-(-max(len(x) for x in batch) // 8) * 8)
+                feeds.append({name: padded[name] for name in model.input_names})
+            for session in model.sessions:
+                session.run(names, feeds[len(feeds) // 2])  # warm
+
+            def lane(k: int, feeds: list = feeds, sessions: list = model.sessions, names: list = names) -> None:
+                for feed in feeds[k :: len(sessions)]:
+                    sessions[k].run(names, feed)
+
+            started = time.perf_counter()
+            with ThreadPoolExecutor(len(model.sessions)) as pool:
+                list(pool.map(lane, range(len(model.sessions))))
+            rates[f"{label} threads, batch {size}"] = len(texts) / (time.perf_counter() - started)
     return rates
 
 
@@ -306,9 +319,9 @@ def main(argv: list[str] | None = None) -> int:
             )
         if "engine" in args.only:
             rates = engine_ceiling(args.bundle, texts, args.threads, args.batch_sizes)
-            record["engine_rows_per_s"] = {str(k): round(v, 1) for k, v in rates.items()}
-            record["engine_best_batch_size"] = best = max(rates, key=rates.get)
-            table += [(f"engine, session.run only, batch {k}", round(v, 1)) for k, v in rates.items()]
+            record["engine_rows_per_s"] = {k: round(v, 1) for k, v in rates.items()}
+            record["engine_best"] = best = max(rates, key=rates.get)
+            table += [(f"engine, session.run only, {k}", round(v, 1)) for k, v in rates.items()]
             if "predict" in record:
                 record["ratio_predict_to_engine"] = round(record["predict"]["rows_per_s"] / rates[best], 3)
         if "http" in args.only:
@@ -332,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {what} | {value:,.0f} |")
     if "ratio_predict_to_engine" in record:
         print(
-            f"\nberth predict / best engine batch ({record['engine_best_batch_size']}): "
+            f"\nberth predict / best engine run ({record['engine_best']}): "
             f"{record['ratio_predict_to_engine']:.2f}"
         )
     print(f"wrote {args.out}")

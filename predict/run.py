@@ -37,7 +37,16 @@ from tasks.common import InputFailed
 from tasks.cpu import usable_cpus
 from tasks.definition import Prepared, per_input
 from tasks.inference import PASS_OUTPUT_BYTES, BatchShape, run_items
-from tasks.onnx_session import CUDA, create_session, onnx_runner, per_token_output_bytes
+from tasks.onnx_session import (
+    CPU,
+    CUDA,
+    MemoryPolicy,
+    choose_provider,
+    create_session,
+    onnx_runner,
+    per_token_output_bytes,
+    set_memory_policy,
+)
 from tasks.registry import definition
 from tasks.tokenizer import GilFreeTokenizer
 
@@ -78,6 +87,7 @@ class Job:
     output_format: str | None = None
     window: int = 4096
     threads: int = 0  # ONNX Runtime intra-op threads; 0: the usable cores
+    lanes: int = 0  # passes side by side, each on threads // lanes threads; 0: one a thread on the CPU
     max_batch_size: int = 64
     pass_tokens: int = 1024
     restart: bool = False
@@ -86,9 +96,14 @@ class Job:
 
 
 class Model:
-    """A verified bundle: its spec, tokenizer, task definition and ONNX Runtime session."""
+    """A verified bundle: its spec, tokenizer, task definition and ONNX Runtime sessions, one a lane.
 
-    def __init__(self, folder: Path, threads: int = 0):
+    On the CPU, `lanes` single-threaded sessions (sharing one copy of the weights) run passes side by side by
+    default: independent one-thread passes keep every core busy, where one pass on all threads waits on its
+    slowest thread and spins between passes while the next window is tokenized (the service runs its passes
+    under load the same way). With one lane, one session on every thread."""
+
+    def __init__(self, folder: Path, threads: int = 0, lanes: int = 0):
         self.bundle = load_bundle(folder, verify_hashes=True)
         self.spec = self.bundle.spec()
         self.definition = definition(self.spec.task)
@@ -97,8 +112,17 @@ class Model:
         tokenizer.no_truncation()
         self.tokenizer = GilFreeTokenizer(tokenizer)
         self.threads = threads or usable_cpus()
-        self.session, self.provider = create_session(self.bundle.path / MODEL_FILE, self.bundle.precision,
-                                                     self.threads)
+        cpu = choose_provider(self.bundle.precision) == CPU
+        self.lanes = max(1, min(lanes or (self.threads if cpu else 1), self.threads))
+        model_bytes = (self.bundle.path / MODEL_FILE).read_bytes()
+        if self.lanes > 1:
+            set_memory_policy(MemoryPolicy(share_weights=True))
+        self.sessions = []
+        for _ in range(self.lanes):
+            session, self.provider = create_session(model_bytes, self.bundle.precision, self.threads // self.lanes)
+            self.sessions.append(session)
+        del model_bytes
+        self.session = self.sessions[0]
         self.input_names = [node.name for node in self.session.get_inputs()]
 
     def bytes_per_token(self, names: Sequence[str]) -> int:
@@ -125,7 +149,9 @@ class Predictor:
         self.id_from_column = id_from_column
         self.keep = self.definition.keep(model.tokenizer, model.spec, options)
         self.fetch = list(self.keep.names)
-        self.run = onnx_runner(model.session, self.fetch)
+        self.runs = [onnx_runner(session, self.fetch) for session in model.sessions]
+        self.lanes = ThreadPoolExecutor(len(self.runs), thread_name_prefix="berth-predict-lane") \
+            if len(self.runs) > 1 else None
         per_token_bytes = model.bytes_per_token(self.fetch)
         cpu = model.provider != CUDA
         self.shape = BatchShape([model.spec.max_seq_length], max_batch_size=max_batch_size,
@@ -249,9 +275,27 @@ class Predictor:
     def results(self, prepared: list[Prepared]) -> list[Any]:
         """The decoded results of prepared inputs: every item run in planned batches, each keeping what the
         task's Keep makes of its rows, then the task's decode."""
-        kept = run_items(self.run, [item for p in prepared for item in p.items], self.per_token, self.shape, self.keep)
+        kept = self.run_items([item for p in prepared for item in p.items])
         return self.definition.decode(self.model.tokenizer, self.model.spec, prepared, per_input(prepared, kept),
                                       self.options)
+
+    def run_items(self, items: list[Any]) -> list[Any]:
+        """Every item's kept rows, in order: with lanes, every lane-th item (the window is sorted by length in
+        each lane's plan, so padding stays as low as in one) runs on its own session, all lanes at once."""
+        if self.lanes is None:
+            return run_items(self.runs[0], items, self.per_token, self.shape, self.keep)
+        count = len(self.runs)
+        shares = [items[lane::count] for lane in range(count)]
+        running = [self.lanes.submit(run_items, run, share, self.per_token, self.shape, self.keep)
+                   for run, share in zip(self.runs, shares)]
+        kept: list[Any] = [None] * len(items)
+        for lane, future in enumerate(running):
+            kept[lane::count] = future.result()
+        return kept
+
+    def close(self) -> None:
+        if self.lanes is not None:
+            self.lanes.shutdown()
 
     def output_rows(self, window: Window) -> list[dict[str, Any]]:
         decoded = self.results([p for _, _, p in window.good]) if window.good else []
@@ -350,7 +394,7 @@ def errors_path(job: Job) -> Path:
 def predict(job: Job) -> dict[str, Any]:
     """Run the job to the end (resuming the finished parts of an earlier run of it); the summary."""
     started = time.monotonic()
-    model = Model(job.bundle, job.threads)
+    model = Model(job.bundle, job.threads, job.lanes)
     options = task_options(model.definition, job.options)
     plan = setup(job, model.bundle, options)
     reader, store = plan.reader, plan.store
@@ -373,7 +417,8 @@ def predict(job: Job) -> dict[str, Any]:
             store.add(window.first_row, window.rows, output, window.errors, plan.schema)
             rows_done = window.first_row + window.rows
             progress.update(rows_done)
+    predictor.close()
     progress.update(rows_done, final=True)
     store.finish(job.output, errors_path(job), plan.schema, job.keep_parts)
     return {**summary(job, store, resumed, rows_done, started), "task": model.definition.name,
-            "provider": model.provider, "threads": model.threads}
+            "provider": model.provider, "threads": model.threads, "lanes": model.lanes}

@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
                       documents=args.documents_column, id=args.id_column)
     job = Job(bundle=args.bundle, input=args.input, output=args.out, options=options, columns=columns,
               input_format=args.input_format, output_format=args.format, window=args.window, threads=args.threads,
-              max_batch_size=args.max_batch_size, pass_tokens=args.pass_tokens, restart=args.restart,
+              lanes=args.lanes, max_batch_size=args.max_batch_size, pass_tokens=args.pass_tokens, restart=args.restart,
               keep_parts=args.keep_parts, progress=args.progress)
     try:
         summary = predict(job) if predict_on_ray is None else predict_on_ray(job, args.ray, args.ray_actors)
@@ -115,6 +115,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                       help="qa: allow the empty answer (default: as the model was trained)")
     running = p.add_argument_group("running")
     running.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads (default 0: the usable cores)")
+    running.add_argument("--lanes", type=int, default=0,
+                         help="forward passes side by side, each on threads / lanes threads (default 0: one a "
+                              "thread on the CPU, one on CUDA)")
     running.add_argument("--window", type=positive, default=4096,
                          help="rows read, sorted by length and written as one part at a time (default: 4096)")
     running.add_argument("--max-batch-size", type=positive, default=64, help="most items in one forward pass "
