@@ -34,14 +34,6 @@ FP32_MIN_COSINE = 0.9999
 INT8_MIN_COSINE = 0.995
 
 
-@pytest.fixture(scope="module", autouse=True)
-def frugal_threads():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(previous)
-
-
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory, base_path) -> Path:
     """The real checkpoint as the embedding task's fp32 graph (mean pooling, normalized)."""

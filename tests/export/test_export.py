@@ -41,14 +41,6 @@ SPECS = {
 EXAMPLES = 5  # per head: enough for padding, pairs and (qa) two long 384-token windows
 
 
-@pytest.fixture(scope="module", autouse=True)
-def frugal_threads():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(previous)
-
-
 @pytest.fixture(scope="module")
 def finetuned(tmp_path_factory, base_path) -> dict[str, Path]:
     """One fine-tuned folder per task: real encoder, seeded fresh head, berth_task.json."""
