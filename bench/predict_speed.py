@@ -98,24 +98,27 @@ def engine_ceiling(bundle: Path, texts: list[str], threads: int, batch_sizes: li
     from predict.run import Model
     from tasks.batching import pad_batch
 
+    models = {lanes: Model(bundle, threads, lanes=lanes) for lanes in sorted({1, threads})}
+    first = models[1]
+    d = first.definition
+    prepared = d.prepare_many(first.tokenizer, first.spec, texts, d.options())
+    items = sorted((item for p in prepared for item in p.items), key=len)
+    names = list(d.output_names)[:1]
+    feeds_of = {}  # batch size -> its padded feeds, built once for every way of running them
+    for size in batch_sizes:
+        feeds_of[size] = []
+        for at in range(0, len(items), size):
+            batch = items[at : at + size]
+            padded = pad_batch(batch, pad_to=-(-max(len(x) for x in batch) // 8) * 8)
+            feeds_of[size].append({name: padded[name] for name in first.input_names})
     rates = {}
-    for lanes in sorted({1, threads}):
-        model = Model(bundle, threads, lanes=lanes)
-        d = model.definition
-        prepared = d.prepare_many(model.tokenizer, model.spec, texts, d.options())
-        items = sorted((item for p in prepared for item in p.items), key=len)
-        names = list(d.output_names)[:1]
+    for lanes, model in models.items():
         label = f"{threads}" if lanes == 1 else f"{lanes}x1"
-        for size in batch_sizes:
-            feeds = []
-            for at in range(0, len(items), size):
-                batch = items[at : at + size]
-                padded = pad_batch(batch, pad_to=-(-max(len(x) for x in batch) // 8) * 8)
-                feeds.append({name: padded[name] for name in model.input_names})
+        for size, feeds in feeds_of.items():
             for session in model.sessions:
                 session.run(names, feeds[len(feeds) // 2])  # warm
 
-            def lane(k: int, feeds: list = feeds, sessions: list = model.sessions, names: list = names) -> None:
+            def lane(k: int, feeds: list = feeds, sessions: list = model.sessions) -> None:
                 for feed in feeds[k :: len(sessions)]:
                     sessions[k].run(names, feed)
 

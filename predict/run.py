@@ -150,7 +150,7 @@ class Predictor:
         self.keep = self.definition.keep(model.tokenizer, model.spec, options)
         self.fetch = list(self.keep.names)
         self.runs = [onnx_runner(session, self.fetch) for session in model.sessions]
-        self.lanes = ThreadPoolExecutor(len(self.runs), thread_name_prefix="berth-predict-lane") \
+        self.lane_pool = ThreadPoolExecutor(len(self.runs), thread_name_prefix="berth-predict-lane") \
             if len(self.runs) > 1 else None
         per_token_bytes = model.bytes_per_token(self.fetch)
         cpu = model.provider != CUDA
@@ -282,11 +282,11 @@ class Predictor:
     def run_items(self, items: list[Any]) -> list[Any]:
         """Every item's kept rows, in order: with lanes, every lane-th item (the window is sorted by length in
         each lane's plan, so padding stays as low as in one) runs on its own session, all lanes at once."""
-        if self.lanes is None:
+        if self.lane_pool is None:
             return run_items(self.runs[0], items, self.per_token, self.shape, self.keep)
         count = len(self.runs)
         shares = [items[lane::count] for lane in range(count)]
-        running = [self.lanes.submit(run_items, run, share, self.per_token, self.shape, self.keep)
+        running = [self.lane_pool.submit(run_items, run, share, self.per_token, self.shape, self.keep)
                    for run, share in zip(self.runs, shares)]
         kept: list[Any] = [None] * len(items)
         for lane, future in enumerate(running):
@@ -294,8 +294,8 @@ class Predictor:
         return kept
 
     def close(self) -> None:
-        if self.lanes is not None:
-            self.lanes.shutdown()
+        if self.lane_pool is not None:
+            self.lane_pool.shutdown()
 
     def output_rows(self, window: Window) -> list[dict[str, Any]]:
         decoded = self.results([p for _, _, p in window.good]) if window.good else []
