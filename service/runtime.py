@@ -43,6 +43,7 @@ from service.workers import WorkerBoard
 from tasks.bundle import Bundle
 from tasks.cpu import usable_cpus
 from tasks.onnx_session import CPU, MemoryPolicy, memory_policy, set_memory_policy, trim_heap
+from tasks.tokenizer import GilFreeTokenizer
 
 log = logging.getLogger("berth.service")
 
@@ -75,6 +76,7 @@ class Runtime:
         self.metrics = metrics or Metrics()
         self.bundles: dict[str, Bundle] = {}
         self.models: dict[str, ServedModel] = {}
+        self.tokenizers: dict[str, GilFreeTokenizer] = {}  # by tokenizer.json's sha256: one per distinct file
         self.phase = Phase.STARTING
         self.failure: str | None = None
         self.admitting = True
@@ -146,7 +148,7 @@ class Runtime:
         try:
             for name, bundle in self.bundles.items():
                 model = await asyncio.to_thread(load_model, bundle, self.settings, self.metrics,
-                                                self.intra_op_threads, self.compute_slots)
+                                                self.intra_op_threads, self.compute_slots, self.tokenizers)
                 if self.phase is not Phase.STARTING:  # shut down (or failed) while this one loaded
                     return
                 assert model.batcher is not None

@@ -82,6 +82,28 @@ def test_the_bytes_loaded_are_the_bytes_verified(bundle_repository, tmp_path):
         load_model(bundle, ServiceSettings(device="cpu", warmup=False), Metrics())
 
 
+def test_bundles_with_the_same_tokenizer_file_share_one_tokenizer(bundle_repository, tmp_path):
+    """Equal tokenizer.json files load once per process; a changed file is still refused, shared or not."""
+    from service.models import RepositoryError, load_bundle_tokenizer
+    from tasks.bundle import load_bundle
+    from tasks.tokenizer import load_tokenizer
+
+    shared: dict = {}
+    first = load_bundle_tokenizer(load_bundle(bundle_repository / "sentiment"), shared)
+    assert load_bundle_tokenizer(load_bundle(bundle_repository / "entities"), shared) is first
+    assert len(shared) == 1
+    text = "Cupertino-based Apple hired 1,200 naïve engineers."
+    reference = load_tokenizer(bundle_repository / "entities" / "tokenizer.json").encode(text)
+    assert first.encode(text).ids == reference.ids and first.encode(text).offsets == reference.offsets
+
+    folder = tmp_path / "similarity"
+    shutil.copytree(bundle_repository / "similarity", folder)
+    bundle = load_bundle(folder, verify_hashes=True)
+    (folder / "tokenizer.json").write_text((folder / "tokenizer.json").read_text().replace("[UNK]", "[UNX]", 1))
+    with pytest.raises(RepositoryError, match="tokenizer.json changed since it was verified"):
+        load_bundle_tokenizer(bundle, shared)
+
+
 def test_healthz_does_not_echo_the_failure(bundle_repository):
     from starlette.testclient import TestClient
 
