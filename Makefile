@@ -8,12 +8,13 @@ MODELS ?= models
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: help venv deploy-tools test unit test-all lint run bundles serve demo-check
+.PHONY: help venv deploy-tools test unit test-workers test-all lint run bundles serve demo-check
 
 help:
 	@echo "make run      set up, build the default bundles if absent, serve them on 127.0.0.1:8000"
 	@echo "make test     set up and run the default test suite"
 	@echo "make unit     the default suite without the deployment tools and tests/deploy"
+	@echo "make test-workers  the service tests with every test server in 2 worker processes"
 	@echo "make test-all also the slow tests"
 	@echo "make lint     ruff"
 	@echo "make bundles  only build the default bundles into $(MODELS)/ (what docker/compose.yaml mounts)"
@@ -37,6 +38,10 @@ test: $(STAMP) deploy-tools
 # No Prometheus, nginx, podman or Kubernetes validators are installed; the playground tests skip without chromium.
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" --ignore=tests/deploy
+
+# Every test server as `berth serve --workers 2`; tests of a limit each process keeps on its own skip, naming it.
+test-workers: $(STAMP)
+	BERTH_TEST_WORKERS=2 $(BIN)/python -m pytest -q -m "not slow" tests/service
 
 test-all: $(STAMP) deploy-tools
 	$(BIN)/python -m pytest -q

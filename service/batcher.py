@@ -219,6 +219,8 @@ class Batcher:
         self._ahead: _Take | None = None  # taken and padded, waiting for a free worker
         # health (the module's docstring)
         self.canary: ModelItem | None = None
+        self.health_changed: Callable[[], None] | None = None  # called (from any thread) after the health or the
+        #                                                       unready reason may have changed (--workers N)
         self.consecutive_failures = 0
         self._health_lock = threading.Lock()
         self._last_failure = "error"
@@ -582,6 +584,8 @@ class Batcher:
         why = ("" if passed else "it ran past pass_timeout_s" if isinstance(out, PassTimedOut) else
                "NaN or infinite outputs" if isinstance(out, NonFiniteOutput) else f"it raised {type(out).__name__}")
         self._last_canary = "passed" if passed else f"failed: {why}"
+        if not self.healthy:  # the unready reason names the last canary
+            self._tell_health()
         return passed, why
 
     def _passed(self, how: str = "a forward pass succeeded") -> None:
@@ -589,6 +593,7 @@ class Batcher:
             was_ready = self.healthy
             self.consecutive_failures = 0
         if not was_ready:
+            self._tell_health()
             self._notify(self._became_ready, how)
 
     def _failed(self, kind: str) -> None:
@@ -596,11 +601,16 @@ class Batcher:
             self.consecutive_failures += 1
             count = self.consecutive_failures
             self._last_failure = kind
+        self._tell_health()
         self._metrics.model_failures.labels(self.model, kind).inc()
         log.error("model %s: %s; it counts against the model (%d of max_consecutive_failures=%d in a row)",
                   self.model, FAILURE_TEXT[kind], count, self.policy.max_consecutive_failures)
         if count == self.policy.max_consecutive_failures:
             self._notify(self._became_unready)
+
+    def _tell_health(self) -> None:
+        if self.health_changed is not None:
+            self.health_changed()
 
     def _notify(self, callback: Callable[..., None], *args: Any) -> None:
         """Run `callback` on the event loop (from a worker thread or the loop itself); not before `start`."""

@@ -63,8 +63,8 @@ async def list_models(runtime: RuntimeDep) -> dict:
     described = []
     for name, bundle in sorted(runtime.bundles.items()):
         model = runtime.models.get(name)
-        if model is not None:
-            described.append(model.describe())
+        if model is not None:  # ready as /readyz says it (with --workers N: in every server process)
+            described.append({**model.describe(), "ready": runtime.model_ready(name)})
         else:
             spec = bundle.spec()
             described.append({"name": name, "task": bundle.task, "labels": spec.labels,

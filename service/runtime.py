@@ -27,8 +27,10 @@ and warm-up run after, off the event loop.
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from enum import StrEnum
@@ -84,8 +86,9 @@ class Runtime:
         self._loader: asyncio.Task | None = None
         # with --workers N, each server process runs its passes on its share of the cores
         self.cpus = max(1, usable_cpus() // settings.worker_count(usable_cpus()))
-        self.board: WorkerBoard | None = None  # --workers N: the workers' loaded flags, this one's index
+        self.board: WorkerBoard | None = None  # --workers N: the workers' loaded and unready flags, this one's index
         self.worker_index = 0
+        self._publishing = threading.Lock()  # one model state at a time to the board, read and written together
         self.intra_op_threads = min(settings.intra_op_threads or self.cpus, self.cpus)
         self.compute_slots = ComputeSlots(self.cpus)
         set_memory_policy(MemoryPolicy.serving(settings.ort_prepack_weights) if settings.ort_shared_memory
@@ -109,18 +112,27 @@ class Runtime:
         return list(self.settings.ready_models or self.bundles)
 
     def model_ready(self, name: str) -> bool:
-        model = self.models.get(name)
-        return model is not None and model.ready and (model.batcher is None or model.batcher.healthy)
+        """Loaded and not failing here, and (--workers N) not failing in another server process either."""
+        return self.model_status(name)["ready"]
 
     def model_status(self, name: str) -> dict[str, Any]:
         """/readyz's entry for one model: ready, whether /readyz waits for it, and why not when it is not (fixed
-        phrases only: /readyz answers unauthenticated callers)."""
+        phrases only: /readyz answers unauthenticated callers). With --workers N, a model failing in another
+        server process is not ready here either, whichever process answers (service/workers.py)."""
         model = self.models.get(name)
         if model is None or not model.ready:
             reason: str | None = "failed to load" if self.phase is Phase.FAILED else "loading"
         else:
             reason = model.batcher.unready_reason if model.batcher is not None else None
+        if reason is None and self.board is not None:
+            reason = self.board.unready_elsewhere(self.worker_index, name)
         return {"ready": reason is None, "required": name in self.required_models, "reason": reason}
+
+    def _publish_health(self, name: str, batcher: Any) -> None:
+        """--workers N: this process's health of model `name` to the board, for the other processes' /readyz."""
+        assert self.board is not None
+        with self._publishing:
+            self.board.publish(self.worker_index, name, batcher.unready_reason)
 
     def discover(self) -> None:
         """Find and verify the bundles (manifests and hashes), and check that `ready_models` names served ones;
@@ -180,6 +192,8 @@ class Runtime:
         batcher.policy.pass_timeout_s = self.settings.pass_timeout_s
         batcher.policy.canary_interval_s = self.settings.canary_interval_s
         batcher.canary = canary_item(model)
+        if self.board is not None:
+            batcher.health_changed = functools.partial(self._publish_health, model.name, batcher)
 
     async def wait_until_loaded(self) -> None:
         if self._loader is not None:

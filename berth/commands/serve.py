@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         return serve(settings, runtime)
     from berth.commands.workers import supervise
 
-    return supervise(settings, workers, serve_worker)
+    return supervise(settings, workers, serve_worker, models=list(runtime.bundles))
 
 
 def serve_worker(settings: ServiceSettings, sock: Any, board: Any, index: int) -> None:

@@ -25,7 +25,7 @@ import shutil
 import signal
 import socket
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from multiprocessing import connection, get_context
 from typing import Any
 
@@ -61,15 +61,17 @@ def detach_from_terminal_group() -> None:
 
 
 def supervise(settings: ServiceSettings, workers: int,
-              target: Callable[[ServiceSettings, socket.socket, WorkerBoard, int], Any]) -> int:
+              target: Callable[[ServiceSettings, socket.socket, WorkerBoard, int], Any],
+              models: Sequence[str] = ()) -> int:
     """Run `target(settings, socket, board, index)` in `workers` processes until all have exited; the exit
-    code is the first non-zero one of a worker (a worker killed by signal S: 128 + S), else 0."""
+    code is the first non-zero one of a worker (a worker killed by signal S: 128 + S), else 0. `models`: the
+    names of the bundles served, whose readiness the board shares."""
     from prometheus_client import multiprocess
 
     metrics_dir = tempfile.mkdtemp(prefix="berth-metrics-")
     os.environ[MULTIPROCESS_DIR_ENV] = metrics_dir
     context = get_context("spawn")
-    board = WorkerBoard(workers, context)
+    board = WorkerBoard(workers, models, context)
     sock = bind(settings.host, settings.port)
     log.info("%d server processes on http://%s:%d", workers, settings.host, sock.getsockname()[1])
     processes = [context.Process(target=target, args=(settings, sock, board, index),

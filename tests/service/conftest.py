@@ -1,5 +1,10 @@
 """Service test fixtures: real bundles exported from the real checkpoint, and real `berth serve`
-processes on free loopback ports."""
+processes on free loopback ports.
+
+BERTH_TEST_WORKERS=N (`make test-workers`) runs every test server as N server processes on its port
+(BERTH_WORKERS=N), unless a test sets BERTH_WORKERS or --workers itself. A test that measures a limit of one
+server process is marked `single_process(...)` and skips then, saying which limit.
+"""
 
 from __future__ import annotations
 
@@ -26,6 +31,35 @@ BASE_ENV = {
     "BERTH_DEVICE": "cpu",
     "BERTH_MAX_INPUTS_PER_REQUEST": "64",
 }
+TEST_WORKERS = int(os.environ.get("BERTH_TEST_WORKERS") or 0)  # 0: one server process, as `berth serve` on 2 cores
+
+
+def single_process(limit: str) -> pytest.MarkDecorator:
+    """Skip under BERTH_TEST_WORKERS > 1: the test measures `limit`, which each server process keeps for itself,
+    so a load spread over N processes does not reach it in any one of them."""
+    return pytest.mark.skipif(TEST_WORKERS > 1, reason=f"measures {limit}, which each server process keeps on "
+                                                       f"its own: the test's load, spread over {TEST_WORKERS} "
+                                                       "processes, does not reach it in any one of them")
+
+
+def workers_env(env: dict[str, str], args: list[str]) -> dict[str, str]:
+    """BERTH_WORKERS=BERTH_TEST_WORKERS, unless the test chose a number of server processes itself."""
+    chosen = "BERTH_WORKERS" in env or any(a == "--workers" or a.startswith("--workers=") for a in args)
+    return {} if chosen or not TEST_WORKERS else {"BERTH_WORKERS": str(TEST_WORKERS)}
+
+
+def server_processes(env: dict[str, str], args: list[str]) -> int:
+    """How many server processes `berth serve` runs with this environment and these arguments."""
+    from service.settings import ServiceSettings
+    from tasks.cpu import usable_cpus
+
+    workers = env.get("BERTH_WORKERS") or 0
+    for i, arg in enumerate(args):
+        if arg == "--workers":
+            workers = args[i + 1]
+        elif arg.startswith("--workers="):
+            workers = arg.split("=", 1)[1]
+    return ServiceSettings(workers=int(workers)).worker_count(usable_cpus())
 
 
 class ServerProcess:
@@ -36,9 +70,11 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         inherited = {k: v for k, v in os.environ.items() if not k.startswith("BERTH_")}  # no stray settings
-        full_env = {**inherited, **BASE_ENV, **(env or {}), "PYTHONUNBUFFERED": "1"}
+        env = env or {}
+        full_env = {**inherited, **BASE_ENV, **workers_env(env, list(args)), **env, "PYTHONUNBUFFERED": "1"}
         command = [sys.executable, "-m", "berth.cli", "serve", "--models", str(repository),
                    "--port", str(self.port), *args]
+        self.workers = server_processes(full_env, list(args))
         self._log = open(log_path, "wb")
         self.process = subprocess.Popen(command, cwd=REPO, env=full_env, stdout=self._log, stderr=subprocess.STDOUT)
 
@@ -54,6 +90,12 @@ class ServerProcess:
                 pass
             time.sleep(0.25)
         raise RuntimeError(f"berth serve not ready after {timeout} s:\n{self.log()}")
+
+    def pids(self) -> list[int]:
+        """`berth serve`'s process and, with --workers N, its worker processes (which hold the connections and
+        the models)."""
+        pid = self.process.pid
+        return [pid, *(int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split())]
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-5000:]

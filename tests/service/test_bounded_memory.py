@@ -1,5 +1,6 @@
 """Black-box: what valid requests (within every documented limit) cost a real server in memory, and what it
-refuses before computing. RSS is read from the server process itself (/proc/PID/status).
+refuses before computing. RSS is read from the server's processes themselves (/proc/PID/status; with --workers N,
+the sum over them).
 
 Before items kept only what their route needs, four concurrent /v1/embed requests of 128 texts of ~1,100
 characters raised a server's RSS by over a gigabyte (every layer's hidden states of every token, held as views
@@ -23,11 +24,10 @@ DEFAULT_LIMITS = {"BERTH_MAX_INPUTS_PER_REQUEST": "256", "BERTH_LENGTH_BUCKETS":
                   "BERTH_REQUEST_TIMEOUT_S": "300"}  # memory is measured, not speed: a busy machine must not 504
 
 
-def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
+def rss_bytes(server: ServerProcess) -> int:
+    """The RSS of the server's processes together."""
+    return sum(int(line.split()[1]) * 1024 for pid in server.pids()
+               for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("VmRSS:"))
 
 
 def long_texts(count: int, chars: int, shift: int) -> list[str]:
@@ -62,9 +62,9 @@ def answered_at_once(server: ServerProcess, route: str, bodies: list[dict]) -> t
     the server's RSS grew meanwhile."""
     warm = httpx.post(server.url + route, json={**bodies[0], "inputs": bodies[0]["inputs"][:4]}, timeout=120)
     assert warm.status_code == 200, warm.text
-    before = rss_bytes(server.process.pid)
+    before = rss_bytes(server)
     responses = asyncio.run(_post_all(server.url, route, bodies))
-    grown = rss_bytes(server.process.pid) - before
+    grown = rss_bytes(server) - before
     assert [r.status_code for r in responses] == [200] * len(bodies), [r.text[:200] for r in responses]
     return [r.json() for r in responses], grown
 

@@ -1,11 +1,13 @@
 """`berth serve --workers 2`: two real server processes on one loopback port. Requests are answered
 (labels from transformers' pipeline on the same checkpoint), /metrics adds up both workers' counters (each
 worker's own count read from its file in the multiprocess folder), and SIGTERM drains: in-flight requests
-finish, the port then refuses connections, the server exits 0 and removes its metrics folder."""
+finish, the port then refuses connections, the server exits 0 and removes its metrics folder. A model failing in
+one worker is not ready in what every worker's /readyz reads (service/workers.py)."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import multiprocessing
 import signal
 import time
 from pathlib import Path
@@ -16,6 +18,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.settings import ServiceSettings
+from service.workers import WorkerBoard
 from tests.service import reference
 from tests.service.conftest import ServerProcess
 
@@ -67,6 +70,24 @@ def two_workers(bundle_repository, tmp_path_factory):
 def test_the_default_is_one_process_below_eight_cores():
     assert [ServiceSettings().worker_count(cores) for cores in (1, 2, 4, 7, 8, 16)] == [1, 1, 1, 1, 2, 4]
     assert ServiceSettings(workers=3).worker_count(2) == 3
+
+
+def test_a_model_failing_in_one_worker_is_not_ready_in_the_others():
+    """What /readyz reads in every worker: another worker's unready model, with its reason, written by that
+    worker's own process."""
+    context = multiprocessing.get_context("spawn")
+    board = WorkerBoard(3, ["sentiment", "reader"], context)
+    why = "2 failures in a row (a forward pass ran past pass_timeout_s); a canary pass retries every 1.5 s"
+    writer = context.Process(target=board.publish, args=(2, "reader", why))
+    writer.start()
+    writer.join(60)
+    assert writer.exitcode == 0
+    assert board.unready_elsewhere(0, "reader") == board.unready_elsewhere(1, "reader") == \
+        f"in server process 2: {why}"
+    assert board.unready_elsewhere(2, "reader") is None  # its own state is its batcher's, not the board's
+    assert board.unready_elsewhere(0, "sentiment") is None
+    board.publish(2, "reader", None)
+    assert board.unready_elsewhere(0, "reader") is None
 
 
 def test_two_workers_answer_and_their_counters_add_up(two_workers, checkpoints):
