@@ -160,16 +160,19 @@ def engine_figures(bundle, items: list[Any], threads: int, batch_sizes: list[int
     for batch in batch_sizes:
         feeds = pad_batch(items * batch)
         session.run(None, feeds)
-        latencies, begin = [], time.perf_counter()
+        latencies, begin, cpu = [], time.perf_counter(), time.process_time()
         while time.perf_counter() - begin < seconds or len(latencies) < 3:
             start = time.perf_counter()
             session.run(None, feeds)
             latencies.append(time.perf_counter() - start)
         p50 = float(np.median(latencies))
-        rows.append({"batch_requests": batch, "p50_ms": 1000 * p50, "requests_per_s": batch / p50})
+        rows.append({"batch_requests": batch, "p50_ms": 1000 * p50, "requests_per_s": batch / p50,
+                     "cpu_ms_per_request": 1000 * (time.process_time() - cpu) / (batch * len(latencies))})
         if single is not None:
-            parallel_rows.append({"batch_requests": batch,
-                                  "requests_per_s": batch * _passes_per_s(single, feeds, threads, seconds)})
+            cpu = time.process_time()
+            passes = _side_by_side(single, feeds, threads, seconds)
+            parallel_rows.append({"batch_requests": batch, "requests_per_s": batch * passes[0] / passes[1],
+                                  "cpu_ms_per_request": 1000 * (time.process_time() - cpu) / (batch * passes[0])})
     best = max(rows, key=lambda r: r["requests_per_s"])
     best_parallel = max(parallel_rows, key=lambda r: r["requests_per_s"], default=None)
     ceiling = max([best, best_parallel] if best_parallel else [best], key=lambda r: r["requests_per_s"])
@@ -178,12 +181,12 @@ def engine_figures(bundle, items: list[Any], threads: int, batch_sizes: list[int
             "one_pass_best_requests_per_s": best["requests_per_s"], "one_pass_best_batch": best["batch_requests"],
             "parallel_best_requests_per_s": best_parallel["requests_per_s"] if best_parallel else None,
             "parallel_best_batch": best_parallel["batch_requests"] if best_parallel else None,
-            "best_requests_per_s": ceiling["requests_per_s"], "best_batch": ceiling["batch_requests"], "rows": rows,
-            "parallel_rows": parallel_rows}
+            "best_requests_per_s": ceiling["requests_per_s"], "best_batch": ceiling["batch_requests"],
+            "best_cpu_ms_per_request": ceiling["cpu_ms_per_request"], "rows": rows, "parallel_rows": parallel_rows}
 
 
-def _passes_per_s(session, feeds: dict[str, Any], workers: int, seconds: float) -> float:
-    """Forward passes per second of `workers` threads calling `session.run` on `feeds` at once."""
+def _side_by_side(session, feeds: dict[str, Any], workers: int, seconds: float) -> tuple[int, float]:
+    """Forward passes, and the seconds they took, of `workers` threads calling `session.run` on `feeds` at once."""
     import threading
 
     session.run(None, feeds)
@@ -201,7 +204,7 @@ def _passes_per_s(session, feeds: dict[str, Any], workers: int, seconds: float) 
         thread.start()
     for thread in threads:
         thread.join()
-    return sum(passes) / (time.perf_counter() - begin)
+    return sum(passes), time.perf_counter() - begin
 
 
 # -- 2./3. servers under hey ---------------------------------------------------------------------------------
@@ -290,6 +293,7 @@ def hey(port: int, route: str, body: dict, clients: int, seconds: float, server_
     row["requests_per_s"] = len(seconds_each) / wall
     row["responses"] = len(rows)
     row["event_loop_cpu_ms_per_request"] = 1000 * loop_cpu / max(len(rows), 1)
+    row["server_cpu_ms_per_request"] = 1000 * server_cpu / max(len(rows), 1)
     for percentile in (50, 95, 99):
         row[f"p{percentile}_ms"] = 1000 * float(np.percentile(seconds_each, percentile)) if len(seconds_each) else None
     row["status"] = {}
@@ -409,6 +413,9 @@ def summarize(result: dict[str, Any]) -> list[dict[str, Any]]:
                            else None,
                            generator_cpu_share=many["generator_cpu_share"],
                            loop_cpu_ms_32=many.get("event_loop_cpu_ms_per_request"),
+                           server_cpu_ms_32=many.get("server_cpu_ms_per_request"),
+                           server_cpu_share_32=many.get("server_cpu_share"),
+                           engine_cpu_ms=engine.get("best_cpu_ms_per_request"),
                            steal_engine=engine.get("steal_share"), steal_32=many.get("steal_share"),
                            items_per_pass_32=many.get("mean_items_per_pass"))
             if one:
@@ -509,10 +516,30 @@ def report_markdown(result: dict[str, Any]) -> str:
             f"{_f(row.get('loop_cpu_ms_1'), '.2f')} / {_f(row.get('loop_cpu_ms_32'), '.2f')} | "
             f"{_f(_pct(row.get('steal_engine')), '.0f')}% / {_f(_pct(row.get('steal_32')), '.0f')}% | "
             f"{_f(row.get('items_per_pass_32'))} ({_f(row.get('engine_best_items_per_pass'), '.0f')}) |")
+    lines += cpu_budget_markdown(result["summary"])
     load = [result.get("load_average_start"), result.get("load_average_end")]
     lines.append(f"\nGenerator: {result.get('generator', 'hey')}; load average at start / end: {load[0]} / {load[1]}.")
     return "\n".join(lines + int8_markdown(result["summary"]) + rerank_markdown(result["summary"], result)
                      + infinity_markdown(result))
+
+
+def cpu_budget_markdown(summary: list[dict[str, Any]]) -> list[str]:
+    """Where berth's share of the engine goes at the most clients: the CPU a request costs in the engine's best run
+    and in berth (its event loop, the rest: passes, worker threads), and the share of the cores berth got. The
+    share of the engine is, to rounding, CPU got x engine ms / berth ms (both on the same cores)."""
+    rows = [row for row in summary if row.get("server_cpu_ms_32") and row.get("engine_cpu_ms")]
+    if not rows:
+        return []
+    lines = ["", "| workload | precision | engine CPU ms/request (best run) | berth CPU ms/request @N: all (event "
+             "loop + rest) | berth's share of the cores @N | CPU got x engine ms / berth ms | share measured |",
+             "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        berth, loop = row["server_cpu_ms_32"], row.get("loop_cpu_ms_32") or 0.0
+        lines.append(f"| {row['workload']} | {row['precision']} | {row['engine_cpu_ms']:.2f} | {berth:.2f} "
+                     f"({loop:.2f} + {berth - loop:.2f}) | {100 * row['server_cpu_share_32']:.0f}% | "
+                     f"{100 * row['server_cpu_share_32'] * row['engine_cpu_ms'] / berth:.0f}% | "
+                     f"{100 * row['share_of_engine']:.0f}% |")
+    return lines
 
 
 def int8_markdown(summary: list[dict[str, Any]]) -> list[str]:
