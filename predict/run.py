@@ -28,8 +28,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from tokenizers import Tokenizer
-
 from predict import io, results
 from predict.parts import PartStore
 from tasks.bundle import MODEL_FILE, TOKENIZER_FILE, load_bundle
@@ -48,7 +46,7 @@ from tasks.onnx_session import (
     set_memory_policy,
 )
 from tasks.registry import definition
-from tasks.tokenizer import GilFreeTokenizer
+from tasks.tokenizer import GilFreeTokenizer, load_tokenizer
 
 PREPARE_CHUNK = 256  # inputs prepared by one prepare_many call: a refused input costs at most a chunk's redo
 
@@ -107,10 +105,7 @@ class Model:
         self.bundle = load_bundle(folder, verify_hashes=True)
         self.spec = self.bundle.spec()
         self.definition = definition(self.spec.task)
-        tokenizer = Tokenizer.from_file(str(self.bundle.path / TOKENIZER_FILE))
-        tokenizer.no_padding()
-        tokenizer.no_truncation()
-        self.tokenizer = GilFreeTokenizer(tokenizer)
+        self.tokenizer = GilFreeTokenizer(load_tokenizer(self.bundle.path / TOKENIZER_FILE))
         self.threads = threads or usable_cpus()
         cpu = choose_provider(self.bundle.precision) == CPU
         self.lanes = max(1, min(lanes or (self.threads if cpu else 1), self.threads))
@@ -409,15 +404,17 @@ def predict(job: Job) -> dict[str, Any]:
         chunk = list(islice(rows, job.window))
         return predictor.prepare_window(chunk) if chunk else None
 
-    with ThreadPoolExecutor(1, thread_name_prefix="berth-predict-prepare") as pool:
-        pending = pool.submit(next_window)
-        while (window := pending.result()) is not None:
-            pending = pool.submit(next_window)  # the next window is read and tokenized while this one runs
-            output = predictor.output_rows(window)
-            store.add(window.first_row, window.rows, output, window.errors, plan.schema)
-            rows_done = window.first_row + window.rows
-            progress.update(rows_done)
-    predictor.close()
+    try:
+        with ThreadPoolExecutor(1, thread_name_prefix="berth-predict-prepare") as pool:
+            pending = pool.submit(next_window)
+            while (window := pending.result()) is not None:
+                pending = pool.submit(next_window)  # the next window is read and tokenized while this one runs
+                output = predictor.output_rows(window)
+                store.add(window.first_row, window.rows, output, window.errors, plan.schema)
+                rows_done = window.first_row + window.rows
+                progress.update(rows_done)
+    finally:
+        predictor.close()
     progress.update(rows_done, final=True)
     store.finish(job.output, errors_path(job), plan.schema, job.keep_parts)
     return {**summary(job, store, resumed, rows_done, started), "task": model.definition.name,

@@ -42,9 +42,20 @@ def single_process(limit: str) -> pytest.MarkDecorator:
                                                        "processes, does not reach it in any one of them")
 
 
+def workers_flag(args: list[str]) -> str | None:
+    """The value of the last --workers among `berth serve`'s arguments, or None."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == "--workers":
+            value = args[i + 1]
+        elif arg.startswith("--workers="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
 def workers_env(env: dict[str, str], args: list[str]) -> dict[str, str]:
     """BERTH_WORKERS=BERTH_TEST_WORKERS, unless the test chose a number of server processes itself."""
-    chosen = "BERTH_WORKERS" in env or any(a == "--workers" or a.startswith("--workers=") for a in args)
+    chosen = "BERTH_WORKERS" in env or workers_flag(args) is not None
     return {} if chosen or not TEST_WORKERS else {"BERTH_WORKERS": str(TEST_WORKERS)}
 
 
@@ -53,12 +64,7 @@ def server_processes(env: dict[str, str], args: list[str]) -> int:
     from service.settings import ServiceSettings
     from tasks.cpu import usable_cpus
 
-    workers = env.get("BERTH_WORKERS") or 0
-    for i, arg in enumerate(args):
-        if arg == "--workers":
-            workers = args[i + 1]
-        elif arg.startswith("--workers="):
-            workers = arg.split("=", 1)[1]
+    workers = workers_flag(args) or env.get("BERTH_WORKERS") or 0
     return ServiceSettings(workers=int(workers)).worker_count(usable_cpus())
 
 
