@@ -18,6 +18,7 @@ import dataclasses
 import json
 import logging
 import resource
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,11 @@ SAMPLES = REPO / "data" / "samples"
 EXAMPLES = SAMPLES / "examples.json"  # model name -> example inputs written into its bundle (the playground's)
 RECORD_FILE = "build_record.json"  # in --work: per-model minutes (wall and CPU), dev metrics, floors, machine
 log = logging.getLogger("berth.build_defaults")
+
+
+def say(line: str) -> None:
+    """A status line: to stderr (stdout carries the command's result only)."""
+    print(line, file=sys.stderr, flush=True)
 
 
 class BuildDefaultsSettings(BaseModel):
@@ -48,6 +54,8 @@ class BuildDefaultsSettings(BaseModel):
     minutes_per_model: float | None = Field(
         None, gt=0, description="training budget of every recipe, in minutes: epochs cut to fit, warmup and decay "
         "kept whole (e.g. 10 to check the --data-dir recipes quickly; a recipe with seeds gets it per seed)")
+    recipes: Path | None = Field(None, description="recipe file (YAML or JSON) to build from instead of the shipped "
+                                 "ones (berth/recipes/samples.yaml; research.yaml with data_dir)")
 
 
 @dataclass(frozen=True)
@@ -66,58 +74,39 @@ class Recipe:
     prepare: str | None = None  # a derived data set (DERIVED_DATA) made in work/<name>-data; train/dev name its files
 
 
-# Sized for <= 20 minutes on 2 idle cores in all (the `minutes` add up to 19.5), QA, reranking and NER first,
-# from the CPU minutes measured per model (docs/DEFAULTS.md: ~680 real tokens per CPU-second of single-thread
-# training). The floors mark a model that is clearly useful, far above a broken one (an untrained QA head
-# scores F1 ~4-12, an NER head that finds nothing 0, chance is accuracy 0.2 for five topics, Pearson ~0, a
-# random order of the rerank dev candidates MRR@10 ~0.11). Scales as the metrics report them: SQuAD F1 0-100,
-# conlleval F1, accuracy, Pearson and MRR@10 0-1.
-SAMPLE_RECIPES = [
-    Recipe("squad", "qa", "squad/train.json", "squad/dev.json",
-           {"epochs": 1, "max_train_examples": 4500, "max_seq_length": 192, "doc_stride": 64, "learning_rate": 1e-4,
-            "batch_size": 16},
-           floor=("f1", 40.0), more={"epochs": 1, "max_train_examples": 1500, "learning_rate": 3e-5}, minutes=7),
-    Recipe("entities", "ner", "entities/train.conll", "entities/dev.conll",
-           {"epochs": 1, "max_seq_length": 128, "learning_rate": 1e-4, "batch_size": 16},
-           floor=("f1", 0.5), more={"epochs": 1, "max_train_examples": 3000, "learning_rate": 3e-5}, minutes=3.5),
-    Recipe("similarity", "pair", "stsb/train.jsonl", "stsb/dev.jsonl",
-           {"epochs": 2, "regression": True, "max_seq_length": 64, "learning_rate": 5e-5, "batch_size": 16},
-           floor=("pearson", 0.7), more={"epochs": 1, "learning_rate": 2e-5}, minutes=1),
-    Recipe("topics", "classification", "topics/train.jsonl", "topics/dev.jsonl",
-           {"epochs": 1, "max_train_examples": 1500, "max_seq_length": 64, "learning_rate": 1e-4, "batch_size": 16},
-           floor=("accuracy", 0.6), more={"epochs": 1, "max_train_examples": 1000, "learning_rate": 3e-5}, minutes=1),
-    # Every paragraph of a dev question's article is a candidate (29 on average), so a dev question costs
-    # ~60 model inputs: the dev slice (and the int8 metric gate, which reads the same) is 40 questions, 10
-    # per dev article. Windows of 128 tokens (a paragraph in 2), near the training excerpts' length, rank
-    # better than whole paragraphs in one window (docs/RERANK.md).
-    Recipe("rerank", "rerank", "squad/train.json", "squad/dev.json",
-           {"epochs": 1, "max_train_examples": 800, "negatives": 3, "max_seq_length": 128, "learning_rate": 1e-4,
-            "batch_size": 8, "max_eval_examples": 40},
-           floor=("mrr_at_10", 0.6), more={"epochs": 1, "max_train_examples": 400, "learning_rate": 3e-5},
-           minutes=7),
-]
-# The research recipes (`--data-dir`: the full research sets): one run at a time with every core, at most
-# 45 minutes of training each; the budget fits the schedule (epochs are shortened, warmup and decay kept
-# whole). The `minutes` are the runs of docs/RESULTS.md on 2 idle cores (training, the full-dev evaluation
-# and the export).
-SHARED_RECIPES = [
-    Recipe("sst2", "classification", "sst2/train.tsv", "sst2/dev.tsv",
-           {"epochs": 2, "max_minutes": 45, "max_seq_length": 64, "learning_rate": 5e-5}, minutes=25),
-    Recipe("mrpc", "pair", "mrpc/train.tsv", "mrpc/dev.tsv",
-           {"epochs": 3, "max_minutes": 45, "learning_rate": 5e-5, "max_seq_length": 128},
-           seeds=(1, 2, 3), select="accuracy", minutes=24),
-    Recipe("stsb", "pair", "stsb/train.tsv", "stsb/dev.tsv",
-           {"epochs": 3, "max_minutes": 45, "regression": True, "max_seq_length": 128, "learning_rate": 5e-5},
-           minutes=8),
-    Recipe("conll03", "ner", "conll2003/iob2/train.txt", "conll2003/iob2/valid.txt",
-           {"epochs": 3, "max_minutes": 45, "learning_rate": 1e-4, "max_seq_length": 128}, minutes=20),
-    Recipe("squad", "qa", "squad/v1.1/train-v1.1-subset-44articles.json", "squad/v1.1/dev-v1.1.json",
-           {"epochs": 2, "max_minutes": 35, "max_seq_length": 256, "doc_stride": 64, "learning_rate": 1e-4},
-           minutes=45),
-    Recipe("squad20", "qa", "squad-v2-train.json", "squad-v2-eval.json",
-           {"epochs": 1, "max_minutes": 15, "max_seq_length": 256, "doc_stride": 64, "learning_rate": 5e-5,
-            "version_2_with_negative": True}, start_from="squad", prepare="squad-v2-split", minutes=20),
-]
+RECIPES = Path(__file__).resolve().parent / "recipes"  # the default recipes, as data: samples.yaml, research.yaml
+
+
+def load_recipes(path: Path) -> list[Recipe]:
+    """The recipes of a YAML (or JSON) file: `recipes:`, a list of Recipe fields (see berth/recipes/samples.yaml).
+
+    Checked before anything trains: unknown recipe fields and options that are not FinetuneSettings
+    fields are refused (ConfigError, one line)."""
+    from berth.config_files import ConfigError, read_config
+    from training.settings import FinetuneSettings
+
+    entries = read_config(path).get("recipes")
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(f"recipe file {path}: `recipes:` must be a non-empty list")
+    known = {f.name for f in dataclasses.fields(Recipe)}
+    recipes = []
+    for number, entry in enumerate(entries, 1):
+        where = f"recipe file {path}, recipe {number} ({entry.get('name', '?') if isinstance(entry, dict) else '?'})"
+        if not isinstance(entry, dict) or not {"name", "task", "train", "dev"} <= set(entry):
+            raise ConfigError(f"{where}: needs name, task, train and dev")
+        if unknown := sorted(set(entry) - known):
+            raise ConfigError(f"{where}: unknown field(s) {', '.join(unknown)}")
+        for key in ("options", "more"):
+            if bad := sorted(set(entry.get(key) or {}) - set(FinetuneSettings.model_fields)):
+                raise ConfigError(f"{where}: {key} names no setting {', '.join(bad)}")
+        values = {**entry, "floor": tuple(entry["floor"]) if entry.get("floor") else None,
+                  "seeds": tuple(entry.get("seeds") or ())}
+        recipes.append(Recipe(**values))
+    return recipes
+
+
+SAMPLE_RECIPES = load_recipes(RECIPES / "samples.yaml")  # data/samples: what `make run` serves
+SHARED_RECIPES = load_recipes(RECIPES / "research.yaml")  # --data-dir: the full research sets
 
 
 def _squad_v2_split(root: Path, out: Path) -> None:
@@ -133,12 +122,13 @@ DERIVED_DATA = {"squad-v2-split": _squad_v2_split}
 
 def build_defaults(out: Path, work: Path, data_dir: Path | None = None, only: list[str] | None = None,
                    force: bool = False, precision: str = "auto", threads: int | None = None,
-                   minutes_per_model: float | None = None) -> list[Path]:
+                   minutes_per_model: float | None = None, recipes_file: Path | None = None) -> list[Path]:
     """Build each missing bundle into `out/<name>`; fine-tuned model folders go to `work/<name>`.
 
     `minutes_per_model` replaces every recipe's training budget; the schedule is fitted to it.
+    `recipes_file` replaces the shipped recipes (berth/recipes/).
     """
-    recipes = SHARED_RECIPES if data_dir else SAMPLE_RECIPES
+    recipes = load_recipes(recipes_file) if recipes_file else SHARED_RECIPES if data_dir else SAMPLE_RECIPES
     root = Path(data_dir) if data_dir else SAMPLES
     if only:
         recipes = [r for r in recipes if r.name in only]
@@ -150,7 +140,7 @@ def build_defaults(out: Path, work: Path, data_dir: Path | None = None, only: li
     todo = [r for r in recipes if force or not (out / r.name / "bundle.json").is_file()]
     for recipe in recipes:
         if recipe not in todo:
-            print(f"{recipe.name}: bundle exists, skipped ({out / recipe.name})", flush=True)
+            say(f"{recipe.name}: bundle exists, skipped ({out / recipe.name})")
     eta = Eta([r.minutes for r in todo])
     built_at = time.time()
     record = {"started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "precision": precision,
@@ -159,8 +149,8 @@ def build_defaults(out: Path, work: Path, data_dir: Path | None = None, only: li
     examples = default_examples()
     for number, recipe in enumerate(todo, 1):
         tag = f"[{number}/{len(todo)}] {recipe.name}"
-        print(f"{tag}: fine-tuning {recipe.task} on {_data_folder(recipe, root, work) / recipe.train} "
-              f"(expected ~{recipe.minutes:g} min on 2 idle cores; {eta.remaining_text()})", flush=True)
+        say(f"{tag}: fine-tuning {recipe.task} on {_data_folder(recipe, root, work) / recipe.train} "
+            f"(expected ~{recipe.minutes:g} min on 2 idle cores; {eta.remaining_text()})")
         started, cpu_started = time.time(), _cpu_seconds()
         model_folder, metrics, quality = _train_to_floor(recipe, root, work, threads, tag)
         bundle = out / recipe.name
@@ -170,15 +160,14 @@ def build_defaults(out: Path, work: Path, data_dir: Path | None = None, only: li
         # CPU time says what the wall clock would have been on idle cores: on a shared machine it is the
         # figure to compare with the recipe's expected minutes.
         wall, cpu = (time.time() - started) / 60, (_cpu_seconds() - cpu_started) / 60
-        print(f"{tag}: done in {wall:.1f} min (CPU {cpu:.1f} min) -> {bundle} ({eta.remaining_text()})", flush=True)
+        say(f"{tag}: done in {wall:.1f} min (CPU {cpu:.1f} min) -> {bundle} ({eta.remaining_text()})")
         record["models"].append(_model_record(recipe, bundle, metrics, quality, wall, cpu))
         # Rewritten after each model, so an interrupted build keeps the record of what it finished.
         record.update(total_minutes=round((time.time() - built_at) / 60, 2), load_average_end=_load_average())
         (work / RECORD_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
         built.append(bundle)
     if todo:
-        print(f"built {len(todo)} bundle(s) in {record['total_minutes']:.1f} min; record: {work / RECORD_FILE}",
-              flush=True)
+        say(f"built {len(todo)} bundle(s) in {record['total_minutes']:.1f} min; record: {work / RECORD_FILE}")
     return built
 
 
@@ -193,12 +182,12 @@ def build_embeddings_bundle(out: Path, force: bool = False, threads: int | None 
 
     bundle = out / EMBEDDINGS_BUNDLE
     if (bundle / "bundle.json").is_file() and not force:
-        print(f"[embeddings] bundle exists, skipped ({bundle})", flush=True)
+        say(f"[embeddings] bundle exists, skipped ({bundle})")
         return None
     started = time.time()
     export_bundle(default_base_path(), bundle, precision="fp32", task="embedding", optimize_graph="never",
                   parity_examples=64, threads=threads, example_inputs=default_examples().get(EMBEDDINGS_BUNDLE))
-    print(f"[embeddings] exported the base model in {time.time() - started:.0f} s -> {bundle}", flush=True)
+    say(f"[embeddings] exported the base model in {time.time() - started:.0f} s -> {bundle}")
     return bundle
 
 
@@ -298,10 +287,10 @@ def _train_to_floor(recipe: Recipe, data_root: Path, work: Path, threads: int | 
         metrics, kept_seed = _best_of_seeds(recipe, settings, tag)
     else:
         metrics = run_finetune(settings)
-    print(f"{tag}: dev {_headline(metrics)}{_against_floor(recipe, metrics)}", flush=True)
+    say(f"{tag}: dev {_headline(metrics)}{_against_floor(recipe, metrics)}")
     rounds = 1
     if _below_floor(recipe, metrics) and recipe.more:
-        print(f"{tag}: under its floor; training on ({recipe.more})", flush=True)
+        say(f"{tag}: under its floor; training on ({recipe.more})")
         model_folder = work / f"{recipe.name}-more"
         from tasks.spec import TaskSpec
 
@@ -312,7 +301,7 @@ def _train_to_floor(recipe: Recipe, data_root: Path, work: Path, threads: int | 
                                            "pooling": pooling, **recipe.more})
         metrics = run_finetune(more)
         rounds = 2
-        print(f"{tag}: dev after the second round {_headline(metrics)}{_against_floor(recipe, metrics)}", flush=True)
+        say(f"{tag}: dev after the second round {_headline(metrics)}{_against_floor(recipe, metrics)}")
     quality: dict = {"rounds": rounds}
     if kept_seed is not None:
         quality.update(seed=kept_seed, seeds=list(recipe.seeds), selected_by=recipe.select)
@@ -343,10 +332,10 @@ def _best_of_seeds(recipe: Recipe, settings, tag: str) -> tuple[dict[str, float]
     for seed in recipe.seeds:
         folder = settings.out.with_name(f"{recipe.name}-seed{seed}")
         metrics = run_finetune(settings.model_copy(update={"seed": seed, "out": folder}))
-        print(f"{tag}: seed {seed}: dev {_headline(metrics)}", flush=True)
+        say(f"{tag}: seed {seed}: dev {_headline(metrics)}")
         runs.append((metrics.get(recipe.select, float("-inf")), seed, folder, metrics))
     _value, seed, folder, metrics = max(runs, key=lambda run: run[0])
-    print(f"{tag}: kept seed {seed} (best dev {recipe.select} of seeds {list(recipe.seeds)})", flush=True)
+    say(f"{tag}: kept seed {seed} (best dev {recipe.select} of seeds {list(recipe.seeds)})")
     shutil.rmtree(settings.out, ignore_errors=True)
     shutil.copytree(folder, settings.out, ignore=shutil.ignore_patterns("train_state"))
     return metrics, seed
@@ -375,17 +364,17 @@ def _export(model_folder: Path, bundle: Path, precision: str, automatic: bool, t
     # Automatic int8 tries each recipe of the chain (less drift, less speed-up down the chain) before fp32.
     recipes = INT8_RECIPE_CHAIN if automatic and precision == "int8" else (None,)
     for recipe in recipes:
-        print(f"{tag}: exporting {precision}" + (f" (int8 recipe {recipe})" if recipe else ""), flush=True)
+        say(f"{tag}: exporting {precision}" + (f" (int8 recipe {recipe})" if recipe else ""))
         try:
             export_bundle(model_folder, bundle, precision=precision, example_inputs=examples, int8_recipe=recipe)
             return
         except ParityError as error:
             if not automatic or precision == "fp32":
                 raise
-            print(f"{tag}: {precision}{f' ({recipe})' if recipe else ''} failed its parity gate:\n{error}", flush=True)
+            say(f"{tag}: {precision}{f' ({recipe})' if recipe else ''} failed its parity gate:\n{error}")
     # A small demo model with near-tied logits can flip labels under int8/fp16; the bundle then
     # ships in fp32 (exact parity) rather than not at all. An explicit --precision still fails.
-    print(f"{tag}: exporting fp32 instead", flush=True)
+    say(f"{tag}: exporting fp32 instead")
     export_bundle(model_folder, bundle, precision="fp32", example_inputs=examples)
 
 

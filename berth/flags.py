@@ -33,7 +33,8 @@ def add_settings_flags(
 ) -> None:
     """Add a flag per field of `model` (but `exclude`), in `groups` (title -> field names, in order);
     fields in no group go to a last group titled `rest_title`. `names` replaces a field's flag names;
-    `options` adds or replaces argparse keyword arguments (e.g. nargs, choices, or positional=True)."""
+    `options` adds or replaces argparse keyword arguments (e.g. nargs, choices, or positional=True;
+    aliases=[...]: old flag names still accepted but not shown in --help)."""
     names, options = names or {}, options or {}
     fields = {name: field for name, field in model.model_fields.items() if name not in set(exclude)}
     grouped: dict[str, list[str]] = {title: [n for n in members if n in fields]
@@ -73,6 +74,7 @@ def _add_flag(group, name: str, field: FieldInfo, flag_names: str | Sequence[str
     kind, choices = _value_type(field.annotation)
     required = field.is_required()
     positional = kwargs.pop("positional", False)
+    aliases = kwargs.pop("aliases", ())  # old spellings: still accepted, not shown in --help
     if kind is bool:
         flags = _flags(name, flag_names, "no-" if field.default is True else "")
         kwargs.setdefault("action", "store_false" if field.default is True else "store_true")
@@ -106,6 +108,9 @@ def _add_flag(group, name: str, field: FieldInfo, flag_names: str | Sequence[str
         group.add_argument(name, **kwargs)
     else:
         group.add_argument(*flags, dest=name, default=argparse.SUPPRESS, **kwargs)
+        hidden = {**kwargs, "help": argparse.SUPPRESS, "required": False}
+        for alias in aliases:
+            group.add_argument(alias, dest=name, default=argparse.SUPPRESS, **hidden)
 
 
 def _flags(name: str, given: str | Sequence[str] | None, prefix: str) -> list[str]:

@@ -1,22 +1,38 @@
-"""`berth build-defaults`: fine-tune and export the default bundles (the recipes are in berth/build_defaults.py)."""
+"""`berth build-defaults`: fine-tune and export the default bundles (the recipes are data: berth/recipes/*.yaml)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 
 from berth.build_defaults import BuildDefaultsSettings
-from berth.flags import add_settings_flags, given_settings
+from berth.config_files import ConfigError, add_config_flag, fail, settings_from_args
+from berth.flags import add_settings_flags
+
+# The ORT transformer optimizer logs every fusion at INFO.
+NOISY_LOGGERS = ("fusion_base", "onnx_model", "onnx_model_bert", "fusion_utils")
 
 
 def run(args: argparse.Namespace) -> int:
-    from berth.build_defaults import EMBEDDINGS_BUNDLE, build_defaults, build_embeddings_bundle
+    from berth.build_defaults import EMBEDDINGS_BUNDLE, build_defaults, build_embeddings_bundle, load_recipes
 
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    s = BuildDefaultsSettings(**given_settings(args, BuildDefaultsSettings))
+    # INFO: what each model does (data, schedule, dev metrics) goes to stderr with the progress lines.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    s = settings_from_args(args, BuildDefaultsSettings, "build-defaults")
+    if s.recipes:
+        try:
+            load_recipes(s.recipes)  # checked before anything is built
+        except ConfigError as error:
+            fail("build-defaults", str(error))
+    built = []
     if not s.only or EMBEDDINGS_BUNDLE in s.only:
-        build_embeddings_bundle(s.out, s.force, s.threads)
-    build_defaults(s.out, s.work, s.data_dir, s.only, s.force, s.precision, s.threads, s.minutes_per_model)
+        built.append(build_embeddings_bundle(s.out, s.force, s.threads))
+    built += build_defaults(s.out, s.work, s.data_dir, s.only, s.force, s.precision, s.threads, s.minutes_per_model,
+                            s.recipes)
+    print(json.dumps({"out": str(s.out), "built": [str(b) for b in built if b is not None]}, indent=2))
     return 0
 
 
@@ -27,8 +43,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "(similarity), NER (entities), SQuAD QA (squad) and passage reranking (rerank) on the shipped "
                     "samples in data/samples, "
                     "each within a few minutes, export an ONNX bundle of each into --out, and export the base "
-                    "itself as the `embeddings` bundle. Existing bundles are kept unless --force.")
+                    "itself as the `embeddings` bundle. Existing bundles are kept unless --force. The recipes "
+                    "are the YAML files in berth/recipes/ (--recipes FILE builds from another). Progress and "
+                    "status go to stderr; stdout gets the built bundles as JSON.")
     add_settings_flags(p, BuildDefaultsSettings, rest_title="settings",
                        options={"only": {"nargs": "+", "type": str, "metavar": "NAME"}})
+    add_config_flag(p)
     p.set_defaults(func=run)
     return p

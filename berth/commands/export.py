@@ -7,7 +7,8 @@ import json
 import logging
 import sys
 
-from berth.flags import add_settings_flags, given_settings
+from berth.config_files import add_config_flag, settings_from_args
+from berth.flags import add_settings_flags
 from export.precision import RECIPES
 from export.settings import ExportSettings
 
@@ -38,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for name in NOISY_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
-    settings = ExportSettings(**given_settings(args, ExportSettings))
+    settings = settings_from_args(args, ExportSettings, "export")
     print(f"berth export settings: {settings.model_dump_json()}", file=sys.stderr)
     prefer_gpu = check_device(settings)
     if (settings.out / "bundle.json").exists() and not settings.force:
@@ -111,5 +112,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                                  + ", ".join(sorted(RECIPES))}},
     )
     p.add_argument("--quiet", action="store_true", help="log warnings only")
+    add_config_flag(p)
     p.set_defaults(func=run)
     return p

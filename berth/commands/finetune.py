@@ -7,7 +7,8 @@ import json
 import logging
 from pathlib import Path
 
-from berth.flags import add_settings_flags, given_settings
+from berth.config_files import add_config_flag, settings_from_args, write_config
+from berth.flags import add_settings_flags
 from training.settings import FinetuneSettings
 
 EXAMPLES = """examples:
@@ -28,6 +29,9 @@ EXAMPLES = """examples:
   berth finetune --task multiple-choice --train swag/train.csv --dev swag/val.csv --out runs/swag
   # your own data: CSV / TSV / JSON lines with text[, text_pair], label columns
   berth finetune --task classification --train mine.csv --dev mine_dev.csv --out runs/mine
+  # a recipe file (YAML or JSON, the settings' field names; flags override it); every run writes its
+  # effective settings to OUT/config.yaml, so this runs runs/mine again into runs/mine-again
+  berth finetune --config runs/mine/config.yaml --out runs/mine-again
 
 The output folder is a Hugging Face model folder (config.json, model.safetensors, tokenizer.json) with
 berth_task.json and finetune_run.json; `berth export` turns it into a bundle. While training, its
@@ -59,8 +63,9 @@ def run_finetune_command(args: argparse.Namespace) -> int:
     from training.finetune import run_finetune
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = FinetuneSettings(**given_settings(args, FinetuneSettings))
-    print("settings:", settings.model_dump_json(indent=2))
+    settings = settings_from_args(args, FinetuneSettings, "finetune")
+    logging.getLogger("berth.finetune").info("settings: %s", settings.model_dump_json())
+    write_config(settings, settings.out, "finetune")  # `berth finetune --config OUT/config.yaml` runs it again
     metrics = run_finetune(settings)
     print(json.dumps({"dev_metrics": metrics, "out": str(settings.out)}, indent=2))
     return 0
@@ -86,6 +91,7 @@ def add_parser(subparsers) -> None:
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_settings_flags(p, FinetuneSettings, groups=GROUPS, names=FLAG_NAMES, options=OPTIONS,
                        rest_title="training loop (rarely changed)")
+    add_config_flag(p)
     p.set_defaults(func=run_finetune_command)
 
     e = subparsers.add_parser(

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 from pathlib import Path
 
-from berth.flags import add_settings_flags, given_settings
+from berth.config_files import add_config_flag, fail, settings_from_args, write_config
+from berth.flags import add_settings_flags
 from training.config import PRESETS
 from training.settings import PretrainSettings
 
@@ -39,8 +41,7 @@ when done to keep only the model.
 FLAG_NAMES = {  # the flags' short names; every other setting is --its-name
     "corpus_format": "--format", "lowercase": "--cased", "num_layers": "--layers", "hidden_size": "--hidden",
     "num_heads": "--heads", "intermediate_size": "--intermediate", "learning_rate": "--lr",
-    "grad_accum_steps": "--grad-accum", "num_threads": "--threads", "log_every_steps": "--log-every",
-    "eval_every_steps": "--eval-every", "save_every_steps": "--save-every", "resume": "--no-resume",
+    "grad_accum_steps": "--grad-accum", "num_threads": "--threads",
 }
 GROUPS = {
     "corpus": ["corpus", "out", "corpus_format", "max_document_chars", "heldout_fraction"],
@@ -60,8 +61,9 @@ OPTIONS = {
     "lowercase": {"help": "keep case and accents (default: uncased, as bert-base-uncased)"},
     "nsp": {"help": "masked LM only: single packed segments, no next-sentence prediction; saves a BertForMaskedLM "
                     "model folder (the paper's ablation)"},
-    "resume": {"action": "store_const", "const": "never",
-               "help": "start over even if --out holds the training state of an unfinished run"},
+    # the spellings of finetune; the old ones still work
+    "log_every_steps": {"aliases": ["--log-every"]}, "eval_every_steps": {"aliases": ["--eval-every"]},
+    "save_every_steps": {"aliases": ["--save-every"]},
 }
 
 
@@ -80,6 +82,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_settings_flags(p, PretrainSettings, groups=GROUPS, names=FLAG_NAMES, options=OPTIONS,
                        rest_title="training loop (rarely changed)")
+    p.add_argument("--no-resume", dest="resume", action="store_const", const="never", default=argparse.SUPPRESS,
+                   help=argparse.SUPPRESS)  # the old spelling of --resume never
+    add_config_flag(p)
     e = p.add_argument_group("evaluation only")
     e.add_argument("--eval-only", action="store_true",
                    help="do not train: evaluate the model folder in --out on its held-out documents "
@@ -100,36 +105,36 @@ def _print_eval(metrics: dict) -> None:
             f"(unigram {metrics.get('unigram_perplexity', float('nan')):.0f})")
     if "nsp_accuracy" in metrics:
         line += f", NSP accuracy {metrics['nsp_accuracy']:.4f} on {metrics['nsp_pairs']} pairs"
-    print(line)
-    print(json.dumps(metrics, indent=2))
+    print(line, file=sys.stderr)
 
 
 def run_command(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    given = given_settings(args, PretrainSettings)
     if args.eval_only:
         import torch
 
         from training.pretrain import evaluate_pretrained_folder
 
-        if given.get("num_threads"):
-            torch.set_num_threads(given["num_threads"])
-        fields = PretrainSettings.model_fields
-        metrics = evaluate_pretrained_folder(args.out, eval_text=args.eval_text, corpus=given.get("corpus") or None,
-                                  mask_seed=given.get("eval_mask_seed", fields["eval_mask_seed"].default),
-                                  batch_size=given.get("eval_batch_size", fields["eval_batch_size"].default),
-                                  device=given.get("device", fields["device"].default),
-                                  instances_from=args.eval_instances_from)
+        s = settings_from_args(args, PretrainSettings, "pretrain")
+        if s.num_threads:
+            torch.set_num_threads(s.num_threads)
+        metrics = evaluate_pretrained_folder(s.out, eval_text=args.eval_text, corpus=s.corpus or None,
+                                             mask_seed=s.eval_mask_seed, batch_size=s.eval_batch_size,
+                                             device=s.device, instances_from=args.eval_instances_from)
         _print_eval(metrics)
+        print(json.dumps(metrics, indent=2))
         return 0
-    if not given.get("corpus"):
-        raise SystemExit("berth pretrain: give the corpus (text files or folders), or --eval-only")
+    settings = settings_from_args(args, PretrainSettings, "pretrain")
+    if not settings.corpus:
+        fail("pretrain", "give the corpus (text files or folders, or `corpus` in --config), or --eval-only")
     from training.pretrain import run_pretrain
 
-    settings = PretrainSettings(**given)
-    print("settings:", settings.model_dump_json(indent=2))
+    logging.getLogger("berth.pretrain").info("settings: %s", settings.model_dump_json())
+    write_config(settings, settings.out, "pretrain")  # `berth pretrain --config OUT/config.yaml` runs it again
     record = run_pretrain(settings)
     if record["heldout_eval"]:
         _print_eval(record["heldout_eval"])
-    print(f"saved {record['model_class']} to {settings.out}")
+    print(f"saved {record['model_class']} to {settings.out}", file=sys.stderr)
+    print(json.dumps({"out": str(settings.out), "model_class": record["model_class"],
+                      "heldout_eval": record["heldout_eval"]}, indent=2, default=str))
     return 0

@@ -20,6 +20,9 @@ import sys
 import time
 from typing import Any
 
+from pydantic import ValidationError
+
+from berth.config_files import ConfigError, add_config_flag, describe_errors, read_config
 from berth.flags import add_settings_flags, given_settings
 from service.settings import ENV_PREFIX, ServiceSettings
 
@@ -78,24 +81,28 @@ def configure_logging(level: str, as_json: bool) -> dict[str, Any]:
 
 
 def settings_from_args(args: argparse.Namespace) -> ServiceSettings:
-    """Defaults, then BERTH_* variables, then the flags given."""
-    return ServiceSettings.from_env(**given_settings(args, ServiceSettings))
+    """Defaults, then the --config file, then BERTH_* variables, then the flags given."""
+    config = getattr(args, "config", None)
+    from_file = read_config(config) if config else {}
+    from_file = {k: v for k, v in from_file.items() if ENV_PREFIX + str(k).upper() not in os.environ}
+    try:
+        return ServiceSettings.from_env(**{**from_file, **given_settings(args, ServiceSettings)})
+    except ValidationError as error:
+        raise ConfigError(describe_errors(error, from_file, config)) from None
 
 
 log = logging.getLogger("berth.service")
 
 
 def run(args: argparse.Namespace) -> int:
-    from pydantic import ValidationError
-
     from service.models import RepositoryError
     from service.runtime import Runtime
     from tasks.cpu import usable_cpus
 
     try:
         settings = settings_from_args(args)
-    except ValidationError as error:
-        print(f"berth serve: invalid settings:\n{error}", file=sys.stderr)
+    except ConfigError as error:
+        print(f"berth serve: {error}", file=sys.stderr)
         return 2
     # encode_batch's Rust pool: as many threads as the tokenizer workers, not one per host core
     os.environ.setdefault("RAYON_NUM_THREADS", str(settings.tokenizer_threads))
@@ -188,5 +195,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "BERTH_API_KEY to require `Authorization: Bearer <key>` on /v1.")
     add_settings_flags(p, ServiceSettings, groups=GROUPS, names=FLAG_NAMES, options=OPTIONS, exclude=NOT_FLAGS,
                        env_prefix=ENV_PREFIX)
+    add_config_flag(p)  # precedence: defaults < --config < BERTH_* < flags
     p.set_defaults(func=run)
     return p

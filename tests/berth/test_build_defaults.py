@@ -23,4 +23,4 @@ def test_build_defaults_only_embeddings_exports_the_base_once(tmp_path, capsys):
     assert not (tmp_path / "work").exists()  # nothing was fine-tuned
     capsys.readouterr()
     main(["build-defaults", "--only", "embeddings", "--out", str(out), "--work", str(tmp_path / "work")])
-    assert "bundle exists, skipped" in capsys.readouterr().out
+    assert "bundle exists, skipped" in capsys.readouterr().err
