@@ -8,12 +8,13 @@ MODELS ?= models
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: help venv deploy-tools test unit test-workers test-all lint run bundles serve demo-check
+.PHONY: help venv deploy-tools test unit test-bf16 test-workers test-all lint run bundles serve demo-check
 
 help:
 	@echo "make run      set up, build the default bundles if absent, serve them on 127.0.0.1:8000"
 	@echo "make test     set up and run the default test suite"
 	@echo "make unit     the default suite without the deployment tools and tests/deploy"
+	@echo "make test-bf16 the training and command-line tests as a CPU with native bf16 runs them, on any CPU"
 	@echo "make test-workers  the service tests with every test server in 2 worker processes"
 	@echo "make test-all also the slow tests"
 	@echo "make lint     ruff"
@@ -38,6 +39,11 @@ test: $(STAMP) deploy-tools
 # No Prometheus, nginx, podman or Kubernetes validators are installed; the playground tests skip without chromium.
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" --ignore=tests/deploy
+
+# BERTH_CPU_BF16=1: precision `auto` resolves as on a CPU with AVX-512 BF16 or AMX (emulated where absent).
+# The default suite also runs the numeric training tests in the other CPU's mode (tests/training/test_precision.py).
+test-bf16: $(STAMP)
+	BERTH_CPU_BF16=1 $(BIN)/python -m pytest -q -m "not slow" tests/training tests/berth
 
 # Every test server as `berth serve --workers 2`; tests of a limit each process keeps on its own skip, naming it.
 test-workers: $(STAMP)

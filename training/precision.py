@@ -8,12 +8,17 @@ not assumed:
 - CPU: bf16 where the CPU has native bf16 instructions (AVX-512 BF16 or AMX tiles), else fp32. A CPU
   without them emulates bf16 (convert, compute in fp32, round), which costs time instead of saving it;
   `bf16` can still be forced there (e.g. to test the path), with a warning.
+
+`BERTH_CPU_BF16=1` (or `0`) overrides the CPU detection: the machine is treated as one with (or
+without) native bf16, so `auto` resolves as it would there. It exists so that the test suite can run
+as a bf16 CPU would on any CPU (`make test-bf16`), and the reverse.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from typing import Literal
 
 import torch
@@ -22,6 +27,7 @@ log = logging.getLogger(__name__)
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+CPU_BF16_OVERRIDE = "BERTH_CPU_BF16"
 
 
 def cpu_bf16_support() -> dict[str, bool]:
@@ -38,9 +44,23 @@ def cpu_bf16_support() -> dict[str, bool]:
     return found
 
 
+def cpu_bf16_override() -> bool | None:
+    """What $BERTH_CPU_BF16 says the CPU has (True / False), or None when it is unset."""
+    value = os.environ.get(CPU_BF16_OVERRIDE, "").strip().lower()
+    if value in ("", "detect"):
+        return None
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{CPU_BF16_OVERRIDE}={value!r}: use 1 (treat the CPU as having native bf16), 0 or detect")
+
+
 def cpu_has_native_bf16() -> bool:
-    """True when bf16 matrix products run in hardware on this CPU (AVX-512 BF16 or AMX)."""
-    return any(cpu_bf16_support().values())
+    """True when bf16 matrix products run in hardware on this CPU (AVX-512 BF16 or AMX), or $BERTH_CPU_BF16 says
+    to act as if."""
+    forced = cpu_bf16_override()
+    return forced if forced is not None else any(cpu_bf16_support().values())
 
 
 def resolve_precision(precision: str, device: torch.device) -> torch.dtype | None:
@@ -61,7 +81,7 @@ def resolve_precision(precision: str, device: torch.device) -> torch.dtype | Non
     if precision == "fp16":
         log.warning("precision=fp16 needs CUDA (the CPU path is bf16); training in fp32 on %s", device)
         return None
-    if not native:
+    if not any(cpu_bf16_support().values()):
         log.warning("precision=bf16 on a CPU without native bf16 (no AVX-512 BF16, no AMX): emulated, so "
                     "slower than fp32, not faster")
     return torch.bfloat16

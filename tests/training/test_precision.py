@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,12 +26,15 @@ from training.precision import resolve_precision
 from training.settings import TrainSettings
 from training.trainer import latest_checkpoint, load_checkpoint, train
 
-SAMPLES = Path(__file__).resolve().parents[2] / "data" / "samples"
+REPO = Path(__file__).resolve().parents[2]
+SAMPLES = REPO / "data" / "samples"
 TOPICS = SAMPLES / "topics" / "train.jsonl"
 
 
 def kernel_says_native_bf16() -> bool | None:
     """True/False from /proc/cpuinfo's flags (avx512_bf16 or amx_bf16/amx_tile); None off Linux."""
+    if os.environ.get("BERTH_CPU_BF16") in ("0", "1"):  # the suite run as a CPU with (1) or without (0) bf16
+        return os.environ["BERTH_CPU_BF16"] == "1"
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -58,7 +64,19 @@ def test_the_old_amp_setting_still_reads():
     assert TrainSettings(output_dir="x", amp="bf16").precision == "bf16"
 
 
-def test_forcing_bf16_without_native_support_warns(caplog):
+def test_the_cpu_override_decides_what_auto_means(monkeypatch):
+    monkeypatch.setenv("BERTH_CPU_BF16", "1")
+    assert resolve_precision("auto", torch.device("cpu")) == torch.bfloat16
+    monkeypatch.setenv("BERTH_CPU_BF16", "0")
+    assert resolve_precision("auto", torch.device("cpu")) is None
+    assert resolve_precision("fp32", torch.device("cpu")) is None  # an explicit precision is never overridden
+    monkeypatch.setenv("BERTH_CPU_BF16", "maybe")
+    with pytest.raises(ValueError, match="BERTH_CPU_BF16"):
+        resolve_precision("auto", torch.device("cpu"))
+
+
+def test_forcing_bf16_without_native_support_warns(caplog, monkeypatch):
+    monkeypatch.delenv("BERTH_CPU_BF16", raising=False)  # the warning is about the real CPU
     if kernel_says_native_bf16() is not False:
         pytest.skip("this CPU has native bf16 (or cannot tell)")
     with caplog.at_level(logging.WARNING, logger="training.precision"):
@@ -112,3 +130,42 @@ def test_a_bf16_finetune_saves_a_folder_that_loads(tmp_path, base_path):
     model, report = load_pretrained(BertForSequenceClassification, out)
     assert all(p.dtype == torch.float32 for p in model.parameters())
     assert not report.fresh and not report.unused and not report.resized  # every weight saved, every one read
+
+
+# bf16 keeps 8 significant bits: one rounding moves a value by at most 2**-8 of itself. A forward pass of the
+# tiny model rounds each product's inputs once, so its loss may move by a few of those; 4 is the budget here.
+BF16_RELATIVE = 4 * 2.0**-8
+
+
+def test_a_bf16_run_tracks_the_fp32_run_within_bf16_precision(tmp_path):
+    """The same seeded run in bf16 and fp32: the first step's loss (no update yet) agrees to bf16's precision
+    and training still lowers it; runs on every CPU (emulated bf16 where the CPU has none)."""
+    from tests.training.tiny_training import LabelledTokens, collate_labelled, tiny_classifier
+    from training.trainer import METRICS_FILE
+
+    losses = {}
+    for precision in ("fp32", "bf16"):
+        settings = TrainSettings(output_dir=tmp_path / precision, precision=precision, seed=5, epochs=2,
+                                 batch_size=8, learning_rate=1e-3, warmup_steps=2, log_every_steps=1,
+                                 num_threads=1, progress_bar=False)
+        assert train(tiny_classifier(), LabelledTokens(), collate_labelled, settings).precision == precision
+        lines = (tmp_path / precision / METRICS_FILE).read_text().splitlines()
+        losses[precision] = [r["loss"] for r in map(json.loads, lines) if "loss" in r]
+    assert losses["bf16"][0] == pytest.approx(losses["fp32"][0], rel=BF16_RELATIVE)
+    assert losses["bf16"][0] != losses["fp32"][0]  # it did compute in bf16
+    assert min(losses["bf16"][-3:]) < losses["bf16"][0]
+
+
+NUMERIC_TESTS = ["tests/training/test_trainer.py", "tests/training/test_distributed.py"]
+
+
+def test_the_numeric_tests_pass_as_the_other_kind_of_cpu_would():
+    """The suite as a CPU of the other kind would run it (bf16 on an AVX2-only CPU, fp32-only on a bf16 one):
+    a test that leaves its precision to `auto` and compares with fp32 fails here on every machine."""
+    native = kernel_says_native_bf16()
+    if native is None:
+        pytest.skip("no /proc/cpuinfo to tell which kind of CPU this is")
+    env = {**os.environ, "BERTH_CPU_BF16": "0" if native else "1"}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *NUMERIC_TESTS],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]

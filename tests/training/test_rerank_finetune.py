@@ -24,7 +24,7 @@ def trained(tmp_path_factory) -> tuple[Path, dict]:
     settings = FinetuneSettings(task="rerank", train_file=SAMPLES / "squad/train.json",
                                 dev_file=SAMPLES / "squad/dev.json", out=out, max_train_examples=240,
                                 max_eval_examples=DEV_QUESTIONS, negatives=2, epochs=1, batch_size=8,
-                                max_seq_length=96, learning_rate=1e-4, threads=2)
+                                max_seq_length=96, learning_rate=1e-4, threads=2, precision="fp32")
     return out, run_finetune(settings)
 
 

@@ -49,7 +49,7 @@ REPO = Path(__file__).resolve().parents[2]
 # micro-batches into epoch 1).
 RESUME_SETTINGS = {"seed": 7, "epochs": 3, "batch_size": 4, "grad_accum_steps": 2, "learning_rate": 2e-3,
                    "warmup_ratio": 0.1, "log_every_steps": 1, "save_every_steps": 4, "keep_last_states": 2,
-                   "num_threads": 1}
+                   "num_threads": 1, "precision": "fp32"}
 
 
 @pytest.fixture(autouse=True)
@@ -282,7 +282,7 @@ def test_no_weight_decay_on_biases_and_layer_norm():
 
 def test_gradient_accumulation_matches_the_large_batch(tmp_path):
     common = {"progress_bar": False, "seed": 3, "epochs": 2, "learning_rate": 1e-3, "log_every_steps": 1,
-              "warmup_steps": 1}
+              "warmup_steps": 1, "precision": "fp32"}  # fp32 sums on both sides, compared at 1e-5
     big = train(tiny_classifier(), LabelledTokens(), collate_labelled,
                 TrainSettings(output_dir=tmp_path / "big", batch_size=8, **common))
     accumulated = train(tiny_classifier(), LabelledTokens(), collate_labelled,
@@ -329,7 +329,8 @@ def test_checkpoints_load_without_unpickling_objects(tmp_path):
 def test_the_loop_is_the_textbook_loop(tmp_path):
     """AdamW + warmup/decay + clipping written out by hand, on the same batches, gives the same losses."""
     settings = TrainSettings(output_dir=tmp_path, progress_bar=False, seed=5, epochs=2, batch_size=8,
-                             learning_rate=1e-3, warmup_steps=2, max_grad_norm=0.5, log_every_steps=1)
+                             learning_rate=1e-3, warmup_steps=2, max_grad_norm=0.5, log_every_steps=1,
+                             precision="fp32")  # the hand-written loop below is fp32
     train(tiny_classifier(), LabelledTokens(), collate_labelled, settings)
 
     model, data = tiny_classifier(), LabelledTokens()
