@@ -105,11 +105,11 @@ def describe_errors(error: ValidationError, from_file: Mapping[str, Any], config
     return "invalid settings: " + "; ".join(problems)
 
 
-def config_text(settings: BaseModel, command: str) -> str:
+def config_text(settings: BaseModel, command: str, path: Path | str = CONFIG_FILE) -> str:
     """The settings as the YAML `--config` reads back, after a comment saying what made it."""
     values = settings.model_dump(mode="json")
     head = (f"# berth {command}: the effective settings of this run (defaults, config file and flags merged).\n"
-            f"# Run it again: berth {command} --config {CONFIG_FILE} [--out OTHER]\n")
+            f"# Run it again: berth {command} --config {path} [--out OTHER]\n")
     return head + yaml.safe_dump(values, sort_keys=False, allow_unicode=True)
 
 
@@ -117,7 +117,7 @@ def write_config(settings: BaseModel, folder: Path, command: str) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / CONFIG_FILE
-    path.write_text(config_text(settings, command), encoding="utf-8")
+    path.write_text(config_text(settings, command, path), encoding="utf-8")
     return path
 
 

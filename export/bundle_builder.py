@@ -31,6 +31,7 @@ from tasks.bundle import (
     write_manifest,
 )
 from tasks.onnx_session import CPU, CUDA, create_session, onnx_item_runner, onnx_runner
+from tasks.progress import Progress, counted
 from tasks.registry import definition, head_class
 from tasks.tokenizer import load_tokenizer
 
@@ -143,9 +144,13 @@ def export_bundle(
         reports = []
         for provider in _providers_to_validate(precision, prefer_gpu):
             session, used = create_session(model_path, precision, threads or 0, prefer_gpu=provider == CUDA)
-            report = parity.check_parity(spec, examples, reference, onnx_runner(session, output_names),
-                                         precision, used, source, min_agreement=min_agreement,
-                                         raise_on_failure=precision == "fp32", metric_checked=dev_file is not None)
+            items = sum(len(e.features) for e in examples)
+            with Progress(f"parity gate ({used})", total=items, unit="items") as bar:
+                candidate = counted(onnx_runner(session, output_names), bar)
+                report = parity.check_parity(spec, examples, reference, candidate,
+                                             precision, used, source, min_agreement=min_agreement,
+                                             raise_on_failure=precision == "fp32",
+                                             metric_checked=dev_file is not None)
             if precision != "fp32":
                 report = _with_metric_gate(report, spec, tokenizer, dev_file, model, session, metric_examples)
             log.info("%s", parity.format_report(report))
@@ -180,8 +185,8 @@ def _with_metric_gate(report: dict[str, Any], spec, tokenizer, dev_file: Path | 
     if dev_file is not None:
         from training.predict import torch_item_runner
 
-        metric = parity.metric_gate(spec, tokenizer, dev_file, torch_item_runner(model), onnx_item_runner(session),
-                                    metric_examples)
+        metric = parity.metric_gate(spec, tokenizer, dev_file, torch_item_runner(model, "metric gate: PyTorch"),
+                                    onnx_item_runner(session, progress="metric gate: ONNX"), metric_examples)
         report = {**report, "metric": metric, "passed": report["passed"] and metric["passed"],
                   "threshold": {**report["threshold"], "metric_drop_points": metric["max_drop_points"]}}
     else:

@@ -217,10 +217,15 @@ def offline_shape(items: Sequence[ModelItem], batch_size: int, pad_multiple: int
                       pad_multiple=pad_multiple)
 
 
-def item_runner(runner_for: Callable[[Sequence[str]], Runner], batch_size: int = 64) -> ItemRunner:
+def item_runner(runner_for: Callable[[Sequence[str]], Runner], batch_size: int = 64,
+                progress: str | None = None) -> ItemRunner:
     """An ItemRunner from `runner_for(output names)`, a Runner that fetches those outputs: the items run as
-    `offline_shape` batches them."""
+    `offline_shape` batches them; with `progress`, each run is reported under that label (tasks/progress.py)."""
     def run(items: Sequence[ModelItem], output_names: Sequence[str], per_token: bool) -> list[Rows]:
-        return run_items(runner_for(output_names), items, per_token, offline_shape(items, batch_size))
+        from tasks.progress import Progress, counted
+
+        runner = runner_for(output_names)
+        with Progress(progress or "", total=len(items), unit="items", enabled=progress is not None) as bar:
+            return run_items(counted(runner, bar), items, per_token, offline_shape(items, batch_size))
 
     return run

@@ -260,6 +260,7 @@ def onnx_runner(session: Any, output_names: Sequence[str]) -> Runner:
     return run
 
 
-def onnx_item_runner(session: Any, batch_size: int = 64) -> ItemRunner:
-    """`session` as the task definitions' runner (evaluation, the parity metric gate)."""
-    return item_runner(lambda names: onnx_runner(session, names), batch_size)
+def onnx_item_runner(session: Any, batch_size: int = 64, progress: str | None = None) -> ItemRunner:
+    """`session` as the task definitions' runner (evaluation, the parity metric gate); `progress`: report each
+    run under this label."""
+    return item_runner(lambda names: onnx_runner(session, names), batch_size, progress)

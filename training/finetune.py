@@ -116,7 +116,7 @@ def run_finetune(settings: FinetuneSettings) -> dict[str, float]:
     metrics: dict[str, float] = {}
     eval_started = time.time()
     if dev_examples:
-        metrics, extra = adapter.evaluate(torch_item_runner(model), dev_examples, spec)
+        metrics, extra = adapter.evaluate(torch_item_runner(model, progress="dev evaluation"), dev_examples, spec)
         spec = spec.model_copy(update=extra)
         log.info("dev metrics: %s", json.dumps(metrics))
     eval_minutes = (time.time() - eval_started) / 60

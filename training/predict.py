@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from tasks.inference import ItemRunner, ModelItem, Rows, Runner, offline_shape, run_items
+from tasks.progress import Progress, counted
 
 
 def torch_runner(model: torch.nn.Module, output_names: Sequence[str], device: torch.device | str = "cpu") -> Runner:
@@ -28,6 +29,7 @@ def predict(
     per_token: bool,
     batch_size: int = 64,
     device: torch.device | str = "cpu",
+    progress: Progress | None = None,
 ) -> dict[str, list[np.ndarray]]:
     """For each output name, one float32 array per item. With `per_token` (NER, QA) each array is
     trimmed to the item's own length, so padding never leaks into decoding.
@@ -38,16 +40,22 @@ def predict(
     was_training = model.training
     model.eval()
     try:
-        rows = run_items(torch_runner(model, output_names, device), items, per_token, offline_shape(items, batch_size))
+        runner = torch_runner(model, output_names, device)
+        if progress is not None:
+            runner = counted(runner, progress)
+        rows = run_items(runner, items, per_token, offline_shape(items, batch_size))
     finally:
         model.train(was_training)
     return {name: [row[name] for row in rows] for name in output_names}
 
 
-def torch_item_runner(model: torch.nn.Module) -> ItemRunner:
-    """A PyTorch head as the task definitions' runner, on the device its parameters are on."""
+def torch_item_runner(model: torch.nn.Module, progress: str | None = None) -> ItemRunner:
+    """A PyTorch head as the task definitions' runner, on the device its parameters are on; `progress`: report
+    each run under this label (tasks/progress.py)."""
     def run(items: Sequence[ModelItem], output_names: Sequence[str], per_token: bool) -> list[Rows]:
-        out = predict(model, items, output_names, per_token=per_token, device=next(model.parameters()).device)
+        with Progress(progress or "", total=len(items), unit="items", enabled=progress is not None) as bar:
+            out = predict(model, items, output_names, per_token=per_token, device=next(model.parameters()).device,
+                          progress=bar)
         return [{name: out[name][i] for name in output_names} for i in range(len(items))]
 
     return run

@@ -72,7 +72,8 @@ class TrainLoopSettings(BaseModel):
     device: str = Field("auto", description="auto (CUDA if present), cpu, cuda, cuda:1 ...")
     resume: str = Field("auto", description="auto: continue from the latest training state in the output folder, "
                         "if any; never: start over; or a training-state folder")
-    progress_bar: bool = Field(True, description="a progress bar on rank 0 when stderr is a terminal")
+    progress_bar: bool = Field(True, description="progress on rank 0, to stderr: a bar on a terminal, else a line "
+                               "at least every 30 s ($BERTH_PROGRESS_SECONDS)")
     num_threads: int | None = Field(None, gt=0, description="torch intra-op threads (unset: every usable core, "
                                     "affinity and cgroup quota respected, shared by torchrun's local ranks)")
     group_by_length: bool = Field(False, description="micro-batches of similar lengths (less padding, same "

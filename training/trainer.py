@@ -7,7 +7,7 @@ function that turns a list of items into the model's keyword arguments, and `Tra
 What it does: AdamW (no weight decay on biases and LayerNorm weights), linear warmup then linear decay
 to 0, gradient accumulation, gradient clipping, mixed precision (training/precision.py: bf16 autocast
 where the GPU or the CPU has it natively, fp16 with a GradScaler on older GPUs, fp32 weights and
-optimizer state always), DDP when launched by torchrun, a tqdm bar and a JSON-lines metrics log, and
+optimizer state always), DDP when launched by torchrun, progress lines or a bar, and a JSON-lines metrics log, and
 checkpoints that make resume after a kill exact: same seed, same per-step losses, same final weights
 as an uninterrupted run.
 
@@ -32,7 +32,6 @@ import json
 import logging
 import math
 import shutil
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
@@ -152,10 +151,13 @@ def _unwrap(model: nn.Module) -> nn.Module:
 
 
 def _progress_bar(ctx: DistContext, settings: TrainSettings, plan: Plan, start: int):
-    from tqdm.auto import tqdm
+    """Rank 0's progress (tasks/progress.py): a bar on a terminal, else a line at least every 30 s."""
+    from tasks.progress import Progress
 
-    enabled = ctx.is_main and settings.progress_bar and sys.stderr.isatty()
-    return tqdm(total=plan.total_steps, initial=start, unit="step", dynamic_ncols=True, disable=not enabled)
+    folder = Path(settings.output_dir)
+    name = folder.parent.name if folder.name == "train_state" else folder.name
+    return Progress(f"train {name}", total=plan.total_steps, unit="steps", initial=start,
+                    enabled=ctx.is_main and settings.progress_bar)
 
 
 def train(
