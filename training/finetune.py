@@ -16,9 +16,23 @@ from pathlib import Path
 
 from training.settings import FinetuneSettings
 
-__all__ = ["FinetuneSettings", "run_finetune"]  # FinetuneSettings: imported from here by callers
+__all__ = ["FinetuneInputError", "FinetuneSettings", "run_finetune"]  # FinetuneSettings: imported by callers
 
 log = logging.getLogger("berth.finetune")
+STATE_DIR = "train_state"  # the resumable training state, under the output folder while training
+
+
+class FinetuneInputError(ValueError):
+    """A setting that cannot work here (an unknown --metric-for-best, a tracker not installed), found before
+    training starts."""
+
+
+def write_card(out: Path) -> None:
+    """README.md (the model card) from the folder's records; config.json names the model, not a path."""
+    from tasks.model_card import CARD_FILE, clean_config, finetuned_card
+
+    clean_config(out, out.name)
+    (out / CARD_FILE).write_text(finetuned_card(out), encoding="utf-8")
 
 
 def resolve_base(base: str) -> Path:
@@ -59,19 +73,25 @@ def default_pooling(base: Path) -> str:
 
 
 def run_finetune(settings: FinetuneSettings) -> dict[str, float]:
-    """Train, evaluate, save. Returns the dev metrics (empty without a dev file)."""
+    """Train, evaluate, save. Returns the dev metrics of the saved model (empty without a dev file): with
+    eval_every_steps, the best evaluation's checkpoint, scored again on the whole dev file."""
     import torch
 
     from tasks.classification import REGRESSION
     from tasks.registry import definition, head_class
     from tasks.tokenizer import load_tokenizer
-    from training import feature_based, task_data
+    from training import dev_evaluation, feature_based, task_data, trackers
     from training import model as models
     from training.checkpoint import load_pretrained, save_pretrained
+    from training.metrics_log import METRICS_FILE
     from training.precision import cpu_bf16_support
     from training.predict import torch_item_runner
     from training.trainer import train
 
+    try:
+        trackers.check_available(settings.report_to)
+    except trackers.TrackerUnavailable as error:
+        raise FinetuneInputError(str(error)) from None
     if settings.num_threads:
         torch.set_num_threads(settings.num_threads)
     torch.manual_seed(settings.seed)
@@ -106,20 +126,46 @@ def run_finetune(settings: FinetuneSettings) -> dict[str, float]:
         dataset, cache_record = feature_based.cache_features(model, dataset)
         collate = feature_based.collate
     out = Path(settings.out)
-    train_settings = settings.loop_settings(out / "train_state")
-    started = time.time()
-    result = train(model, dataset, collate, train_settings)
-    train_minutes = (time.time() - started) / 60
-    # The resumable state (optimizer moments etc., ~3x the model) is only needed while training.
-    shutil.rmtree(train_settings.output_dir, ignore_errors=True)
-
-    metrics: dict[str, float] = {}
-    eval_started = time.time()
+    train_settings = settings.loop_settings(out / STATE_DIR)
+    metric, greater, best, callbacks, evaluate, sample = None, True, None, [], None, []
     if dev_examples:
-        metrics, extra = adapter.evaluate(torch_item_runner(model, progress="dev evaluation"), dev_examples, spec)
-        spec = spec.model_copy(update=extra)
-        log.info("dev metrics: %s", json.dumps(metrics))
-    eval_minutes = (time.time() - eval_started) / 60
+        try:
+            metric, greater = dev_evaluation.choose_metric(settings, adapter, model, dev_examples, spec)
+        except dev_evaluation.UnknownMetric as error:
+            raise FinetuneInputError(str(error)) from None
+    if dev_examples and settings.eval_every_steps:
+        sample = dev_evaluation.eval_sample(dev_examples, settings.eval_sample_size, settings.seed)
+        evaluate = dev_evaluation.dev_evaluator(adapter, sample, spec)
+        best, callbacks = dev_evaluation.evaluation_callbacks(settings, train_settings.output_dir, metric, greater)
+    run_trackers = trackers.make_trackers(settings.report_to, out, json.loads(settings.model_dump_json()))
+    try:
+        started = time.time()
+        result = train(model, dataset, collate, train_settings, evaluate=evaluate, callbacks=callbacks + run_trackers)
+        train_minutes = (time.time() - started) / 60
+        if best is not None and best.step is not None and best.step != result.steps:
+            log.info("the best %s on the dev sample was at step %d (%.4f), not the last (%d): keeping step %d",
+                     metric, best.step, best.value, result.steps, best.step)
+            model.load_state_dict(best.best_weights())
+        # The curves stay with the model; the resumable state (optimizer moments etc., ~3x the model) is only
+        # needed while training.
+        if (train_settings.output_dir / METRICS_FILE).is_file():
+            shutil.copyfile(train_settings.output_dir / METRICS_FILE, out / METRICS_FILE)
+        result.metrics_path, result.last_checkpoint = out / METRICS_FILE, None
+        shutil.rmtree(train_settings.output_dir, ignore_errors=True)
+
+        metrics: dict[str, float] = {}
+        eval_started = time.time()
+        if dev_examples:
+            metrics, extra = adapter.evaluate(torch_item_runner(model, progress="dev evaluation"), dev_examples, spec)
+            spec = spec.model_copy(update=extra)
+            log.info("dev metrics: %s", json.dumps(metrics))
+        eval_minutes = (time.time() - eval_started) / 60
+        saved_step = best.step if best is not None and best.step is not None else result.steps
+        best_record = _best_record(best, callbacks, metric, greater, metrics, result, len(sample), eval_minutes)
+    except BaseException:
+        for tracker in run_trackers:
+            tracker.close()
+        raise
     spec = spec.model_copy(update={"dev_metrics": metrics})
     model.cpu()
     save_pretrained(model, out, tokenizer_from=base)
@@ -133,6 +179,7 @@ def run_finetune(settings: FinetuneSettings) -> dict[str, float]:
         "eval_minutes": round(eval_minutes, 2),
         "train_result": getattr(result, "__dict__", str(result)),
         "dev_metrics": metrics,
+        "best": best_record,
         "pooling": spec.pooling,  # the resolved choice (settings.pooling may say "auto")
         "provenance": run_provenance(),
         "precision": result.precision,
@@ -149,4 +196,28 @@ def run_finetune(settings: FinetuneSettings) -> dict[str, float]:
                      "fitted_to_budget": result.fitted_to_budget, "stopped_by": result.stopped_by},
     }
     (out / "finetune_run.json").write_text(json.dumps(run, indent=2, default=str) + "\n", encoding="utf-8")
+    write_card(out)
+    for tracker in run_trackers:
+        tracker.finish(out, saved_step, metrics)
     return metrics
+
+
+def _best_record(best, callbacks, metric: str | None, greater: bool, dev_metrics: dict[str, float], result,
+                 sample_size: int, final_eval_minutes: float) -> dict | None:
+    """Which checkpoint was saved and why: the best evaluation (step, metric, value) and every evaluation on the
+    dev sample, the last step's, early stopping, and what evaluating cost in wall time."""
+    if metric is None:
+        return None
+    if best is None:  # no evaluation while training: the last step is saved, scored once on the whole dev file
+        return {"metric": metric, "greater_is_better": greater, "step": result.steps,
+                "value": dev_metrics.get(metric), "last_step": result.steps, "evaluations": [],
+                "final_eval_seconds": round(final_eval_minutes * 60, 3)}
+    record = best.record()
+    stopping = next((c for c in callbacks if c.name == "early_stopping"), None)
+    train_s = result.elapsed_s  # training time only, across resumes (evaluations not counted)
+    return {**record, "last_step": result.steps, "last_value": record["evaluations"][-1].get(metric),
+            "dev_sample_examples": sample_size, "early_stopping_patience": getattr(stopping, "patience", None),
+            "early_stopped_at": getattr(stopping, "stopped_at", None),
+            "eval_seconds": result.eval_seconds, "evaluations_this_invocation": result.evaluations,
+            "eval_share_of_wall": round(result.eval_seconds / max(train_s + result.eval_seconds, 1e-9), 4),
+            "final_eval_seconds": round(final_eval_minutes * 60, 3)}

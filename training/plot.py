@@ -2,6 +2,8 @@
 
 Training lines are plotted against the step; evaluation lines ("split": "eval") are drawn as markers,
 in the panel of the training metric with the same name when there is one, else in a panel of their own.
+A fine-tuning run's folder also has finetune_run.json: the step of the checkpoint it saved (the best dev
+evaluation) is marked in every panel.
 Uses matplotlib's Agg canvas directly (no pyplot state), so it works headless and in threads.
 """
 
@@ -12,7 +14,7 @@ import math
 from pathlib import Path
 
 # Bookkeeping columns, not curves worth a panel.
-NOT_PLOTTED = {"step", "epoch", "elapsed_s", "examples_per_s", "split"}
+NOT_PLOTTED = {"step", "epoch", "elapsed_s", "examples_per_s", "split", "eval_seconds"}
 # Panels in this order first; any other metric follows, alphabetically.
 PREFERRED_ORDER = ["loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy", "accuracy", "learning_rate",
                    "tokens_per_s", "grad_norm"]
@@ -30,6 +32,16 @@ def read_metrics(jsonl_path: str | Path) -> tuple[list[dict], list[dict]]:
         if isinstance(record, dict) and "step" in record:
             (evaluation if record.get("split") == "eval" else train).append(record)
     return train, evaluation
+
+
+def saved_step(jsonl_path: str | Path) -> int | None:
+    """The step of the checkpoint a fine-tuning run saved (finetune_run.json beside the log), if it says."""
+    record = Path(jsonl_path).with_name("finetune_run.json")
+    try:
+        best = json.loads(record.read_text(encoding="utf-8")).get("best") or {}
+    except (OSError, json.JSONDecodeError):
+        return None
+    return best.get("step") if best.get("evaluations") else None
 
 
 def _numeric_keys(records: list[dict]) -> list[str]:
@@ -77,6 +89,7 @@ def plot_metrics(jsonl_path: str | Path, png_path: str | Path, keys: list[str] |
     if not panels:
         raise ValueError(f"nothing to plot in {jsonl_path}")
 
+    best_step = saved_step(jsonl_path)
     columns = 1 if len(panels) == 1 else 2
     rows = math.ceil(len(panels) / columns)
     figure = Figure(figsize=(6.0 * columns, 3.0 * rows), layout="constrained")
@@ -92,8 +105,10 @@ def plot_metrics(jsonl_path: str | Path, png_path: str | Path, keys: list[str] |
                           label="train (moving average)")
         eval_steps, eval_values = _series(evaluation, key)
         if eval_steps:
-            axes.plot(eval_steps, eval_values, "o-", ms=4, color="C1", label="eval")
-        axes.set_title(key if steps else f"eval: {key}")
+            axes.plot(eval_steps, eval_values, "o-", ms=4, color="C1", label="dev (eval)")
+        if best_step is not None:
+            axes.axvline(best_step, color="C2", lw=1, ls="--", label=f"saved: best dev, step {best_step}")
+        axes.set_title(key if steps else f"dev: {key}")
         axes.set_xlabel("step")
         axes.grid(alpha=0.3)
         if key == "learning_rate":

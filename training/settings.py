@@ -184,11 +184,33 @@ class FinetuneSettings(TrainLoopSettings):
     ranking_loss: Literal["listwise", "pointwise"] = Field(
         "listwise", description="rerank: listwise (softmax cross-entropy over the positive and its negatives) or "
         "pointwise (binary cross-entropy per question-document pair)")
+    # -- evaluation while training (with eval_every_steps and a dev file)
+    metric_for_best: str | None = Field(None, description="dev metric that picks the checkpoint saved: the best "
+                                        "evaluation's (default: the task's own: accuracy, f1 for ner and qa, "
+                                        "pearson for regression, mrr_at_10 for rerank; higher is better except for "
+                                        "losses and errors)")
+    early_stopping_patience: int | None = Field(None, gt=0, description="stop after this many evaluations in a row "
+                                                "without a better metric_for_best (default: off, train the planned "
+                                                "steps)")
+    eval_sample_size: int | None = Field(1000, gt=0, description="evaluations during training score a seeded "
+                                         "sample of at most this many dev examples (the saved model is then scored "
+                                         "on the whole dev file); unset: all of them")
+    report_to: list[Literal["tensorboard", "mlflow"]] = Field(
+        default_factory=list, description="trackers, comma-separated: tensorboard (event files in OUT/tensorboard), "
+        "mlflow (a run in MLFLOW_TRACKING_URI, else ./mlruns); default none")
     # -- the loop's defaults for fine-tuning
     epochs: float | None = loop_default("epochs", 3.0)
     warmup_ratio: float = loop_default("warmup_ratio", 0.1)
     fit_schedule_to_budget: bool = loop_default("fit_schedule_to_budget", True)
     group_by_length: bool = loop_default("group_by_length", True)
+
+    @model_validator(mode="after")
+    def _check_evaluation(self) -> FinetuneSettings:
+        if self.eval_every_steps and self.dev_file is None:
+            raise ValueError("eval_every_steps needs a dev file (--dev)")
+        if self.early_stopping_patience and not self.eval_every_steps:
+            raise ValueError("early_stopping_patience needs evaluations during training (--eval-every-steps)")
+        return self
 
     def effective_max_seq_length(self) -> int:
         return self.max_seq_length or definition(self.task).finetune_max_seq_length

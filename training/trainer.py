@@ -33,7 +33,7 @@ import logging
 import math
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from training.callbacks import TrainerCallback
 from training.data_order import (
     dataset_lengths,
     derive_seed,
@@ -104,7 +105,7 @@ class TrainResult:
     tokens_per_s: float  # over this invocation, all ranks
     examples_per_s: float
     last_checkpoint: Path | None
-    stopped_by: str  # "steps" (planned length reached) or "max_minutes"
+    stopped_by: str  # "steps" (planned length reached), "max_minutes", or "callback" (one asked to stop)
     planned_steps: int = 0  # from epochs / max_steps, before a budget fit
     fitted_to_budget: bool = False  # the plan was shortened to end (warmup + decay whole) at max_minutes
     world_size: int = 1
@@ -115,6 +116,8 @@ class TrainResult:
     metrics_path: Path | None = None
     final_eval: dict[str, float] = field(default_factory=dict)
     precision: str = "fp32"  # what the steps computed in: fp32, or bf16 / fp16 autocast (weights stay fp32)
+    evaluations: int = 0  # over this invocation
+    eval_seconds: float = 0.0  # wall time of those evaluations (not counted in elapsed_s)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
@@ -167,6 +170,7 @@ def train(
     settings: TrainSettings,
     evaluate: Callable[[nn.Module], dict[str, float]] | None = None,
     on_save: Callable[[nn.Module, Path], None] | None = None,
+    callbacks: Sequence[TrainerCallback] = (),
 ) -> TrainResult:
     """Train `model` in place on `dataset` and return a summary.
 
@@ -176,20 +180,26 @@ def train(
     `on_save(model, folder)` saves the final model in the caller's format (rank 0, atomically, into
     output_dir/final_model). Under torchrun, call this in every process; checkpoints must be on a
     filesystem all ranks can read.
+    `callbacks` (training/callbacks.py) see every metrics line and evaluation, may stop the run after an
+    evaluation, and keep their state in the resumable training state.
     """
     ctx = setup_distributed(settings.device)
     try:
-        return _Run(model, dataset, collate, settings, ctx, evaluate, on_save).run()
+        return _Run(model, dataset, collate, settings, ctx, evaluate, on_save, callbacks).run()
     finally:
         teardown_distributed(ctx)
 
 
 class _Run:
-    def __init__(self, model, dataset, collate, settings: TrainSettings, ctx: DistContext, evaluate, on_save) -> None:
+    def __init__(self, model, dataset, collate, settings: TrainSettings, ctx: DistContext, evaluate, on_save,
+                 callbacks: Sequence[TrainerCallback] = ()) -> None:
         if len(dataset) == 0:
             raise ValueError("the training dataset is empty")
         self.settings, self.ctx, self.dataset, self.collate = settings, ctx, dataset, collate
         self.evaluate_fn, self.on_save = evaluate, on_save
+        self.callbacks = list(callbacks) if ctx.is_main else []  # every hook runs on rank 0
+        self.callback_states: dict[str, Any] | None = None  # from the training state resumed, if any
+        self.evaluations, self.eval_seconds, self.stop_requested = 0, 0.0, False
         self.output_dir = Path(settings.output_dir)
         self.plan = Plan.make(settings, len(dataset), ctx.world_size)
         self.lengths = dataset_lengths(dataset) if settings.group_by_length else None
@@ -209,6 +219,10 @@ class _Run:
         self.last_checkpoint: Path | None = None
         self.last_saved_step = -1
         self.resumed_from = self._resume()
+        for callback in self.callbacks:
+            states = self.callback_states
+            callback.restore(None if states is None else states.get(callback.name), self.step)
+        self.stop_requested = broadcast_object(ctx, any(c.should_stop() for c in self.callbacks))
         if ctx.enabled:
             ids = [ctx.device.index] if ctx.device.type == "cuda" else None
             self.model = nn.parallel.DistributedDataParallel(
@@ -245,6 +259,7 @@ class _Run:
         self.scaler.load_state_dict(state["scaler"])
         self.step, self.epoch, self.micro_done = state["step"], state["epoch"], state["micro_batches_done"]
         self.elapsed_before = state["elapsed_s"]
+        self.callback_states = state.get("callbacks", {})
         if "total_steps" in state and state["total_steps"] != self.plan.total_steps:  # a plan fitted to the budget
             self._set_plan(state["total_steps"], state["warmup_steps"])
         restore_rng_state(state["rng"][ctx.rank])
@@ -274,12 +289,13 @@ class _Run:
         self.model.train()
         try:
             window = Window()
+            self.window = window
             if s.max_minutes is not None and self.elapsed_before >= s.max_minutes * 60:
                 stopped_by = "max_minutes"  # a resumed run whose budget was already spent
+            if self.stop_requested:
+                stopped_by = "callback"  # a resumed run that a callback had already stopped
             while self.step < self.plan.total_steps and stopped_by == "steps":
-                if self._train_epoch(window):
-                    stopped_by = "max_minutes"
-                    break
+                stopped_by = self._train_epoch(window) or stopped_by
             trained = self.step > start_step or self.resumed_from is None
             if trained:
                 if self.evaluate_fn is not None and not self._due(s.eval_every_steps):
@@ -296,8 +312,9 @@ class _Run:
         barrier(ctx)
         return self._result(stopped_by)
 
-    def _train_epoch(self, window: Window) -> bool:
-        """Train from the current position to the end of the epoch (or of the run). True: out of time."""
+    def _train_epoch(self, window: Window) -> str | None:
+        """Train from the current position to the end of the epoch (or of the run). Why it stopped early:
+        "max_minutes" (out of time) or "callback" (a callback asked after an evaluation); else None."""
         s, plan = self.settings, self.plan
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(self.epoch)
@@ -323,14 +340,17 @@ class _Run:
                 window.reset()
             if self.evaluate_fn is not None and self._due(s.eval_every_steps):
                 self._evaluate()
-            if self._due(s.save_every_steps) or out_of_time:
+            if self._due(s.save_every_steps) or out_of_time or self.stop_requested:
                 self._save()
+            if self.stop_requested:
+                log.info("stopped at step %d by a callback (e.g. early stopping)", self.step)
+                return "callback"
             if out_of_time:
                 log.info("max_minutes=%s reached at step %d", s.max_minutes, self.step)
-                return True
+                return "max_minutes"
         if self.micro_done >= len(batches):
             self.epoch, self.micro_done = self.epoch + 1, 0
-        return False
+        return None
 
     def _optimizer_step(self, micro_batches: Iterator[dict[str, Any]], group: int, window: Window) -> None:
         s = self.settings
@@ -381,7 +401,7 @@ class _Run:
         the plan only shrinks (never past what epochs / max_steps asked) and the warmup keeps its ratio.
         Refitted after every step, so a machine that slows down or speeds up moves the end, not the budget.
         """
-        now = time.perf_counter()
+        now = self._elapsed()
         if self.fit_from_time is None:
             self.fit_from_step, self.fit_from_time = self.step, now
             return
@@ -409,7 +429,8 @@ class _Run:
         return bool(every) and self.step % every == 0
 
     def _elapsed(self) -> float:
-        return self.elapsed_before + time.perf_counter() - self.started
+        """Training time so far, across resumes; evaluations are not counted."""
+        return self.elapsed_before + time.perf_counter() - self.started - self.eval_seconds
 
     def _epoch_progress(self) -> float:
         return self.epoch + self.micro_done / self.plan.micro_batches_per_epoch
@@ -428,6 +449,8 @@ class _Run:
                   "elapsed_s": round(self._elapsed(), 3), **means}
         self.final_loss = record["loss"]
         self.metrics.write(record)
+        for callback in self.callbacks:
+            callback.on_log(record)
         self.bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}", refresh=False)
         if not self.bar.disable:
             return
@@ -436,19 +459,27 @@ class _Run:
 
     def _evaluate(self) -> None:
         barrier(self.ctx)
+        started = time.perf_counter()
         if self.ctx.is_main:
             model = _unwrap(self.model)
             model.eval()
             try:
                 with preserved_rng(), torch.no_grad():
                     results = {k: float(v) for k, v in self.evaluate_fn(model).items()}
+                    seconds = time.perf_counter() - started
+                    for callback in self.callbacks:
+                        callback.on_evaluate(self.step, results, model)
             finally:
                 model.train()
             self.final_eval = results
             self.metrics.write({"split": "eval", "step": self.step, "epoch": round(self._epoch_progress(), 4),
-                                **results})
-            log.info("eval at step %d: %s", self.step, json.dumps(results))
+                                **results, "eval_seconds": round(seconds, 3)})
+            log.info("eval at step %d (%.1f s): %s", self.step, seconds, json.dumps(results))
+        self.stop_requested = broadcast_object(self.ctx, any(c.should_stop() for c in self.callbacks))
         barrier(self.ctx)
+        seconds = time.perf_counter() - started  # what the pause cost every rank
+        self.evaluations, self.eval_seconds = self.evaluations + 1, self.eval_seconds + seconds
+        self.window.started += seconds  # tokens/s counts training time only
 
     def _save(self) -> None:
         rng_states = gather_objects(self.ctx, capture_rng_state())
@@ -470,8 +501,11 @@ class _Run:
                 "seed": self.settings.seed,
                 "precision": self.precision,
                 "geometry": self._geometry(),
+                "callbacks": {c.name: c.state_dict() for c in self.callbacks},
             }
             save_checkpoint(folder, state)
+            for callback in self.callbacks:
+                callback.on_state_saved(self.step)
             self._prune_checkpoints()
         barrier(self.ctx)
         self.last_checkpoint, self.last_saved_step = folder, self.step
@@ -521,7 +555,7 @@ class _Run:
         return self.settings.batch_size * self.settings.grad_accum_steps * self.ctx.world_size
 
     def _result(self, stopped_by: str) -> TrainResult:
-        seconds = max(time.perf_counter() - self.started, 1e-9)
+        seconds = max(time.perf_counter() - self.started - self.eval_seconds, 1e-9)  # training time only
         world = self.ctx.world_size  # every rank consumes the same number of examples
         return TrainResult(
             steps=self.step, epochs=round(self._epoch_progress(), 4), final_loss=self.final_loss,
@@ -532,4 +566,5 @@ class _Run:
             effective_batch_size=self._effective_batch(), threads=torch.get_num_threads(),
             real_tokens=self.run_tokens * world, padded_tokens=self.run_padded_tokens * world,
             metrics_path=self.output_dir / METRICS_FILE, final_eval=self.final_eval, precision=self.precision,
+            evaluations=self.evaluations, eval_seconds=round(self.eval_seconds, 3),
         )

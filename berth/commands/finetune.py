@@ -7,7 +7,7 @@ import json
 import logging
 from pathlib import Path
 
-from berth.config_files import add_config_flag, settings_from_args, write_config
+from berth.config_files import add_config_flag, fail, settings_from_args, write_config
 from berth.flags import add_settings_flags
 from training.settings import FinetuneSettings
 
@@ -52,6 +52,8 @@ GROUPS = {
     "training": ["epochs", "max_steps", "max_minutes", "fit_schedule_to_budget", "learning_rate", "batch_size",
                  "grad_accum_steps", "warmup_ratio", "warmup_steps", "weight_decay", "seed", "group_by_length",
                  "num_threads", "device", "precision"],
+    "evaluation while training": ["eval_every_steps", "metric_for_best", "early_stopping_patience",
+                                  "eval_sample_size", "report_to"],
 }
 OPTIONS = {
     "fit_schedule_to_budget": {"help": "with --max-minutes: keep the planned schedule and stop wherever the budget "
@@ -60,13 +62,16 @@ OPTIONS = {
 
 
 def run_finetune_command(args: argparse.Namespace) -> int:
-    from training.finetune import run_finetune
+    from training.finetune import FinetuneInputError, run_finetune
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = settings_from_args(args, FinetuneSettings, "finetune")
     logging.getLogger("berth.finetune").info("settings: %s", settings.model_dump_json())
     write_config(settings, settings.out, "finetune")  # `berth finetune --config OUT/config.yaml` runs it again
-    metrics = run_finetune(settings)
+    try:
+        metrics = run_finetune(settings)
+    except FinetuneInputError as error:  # e.g. an unknown --metric-for-best: found before training starts
+        fail("finetune", str(error))
     print(json.dumps({"dev_metrics": metrics, "out": str(settings.out)}, indent=2))
     return 0
 

@@ -26,6 +26,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def find_metrics_file(path: Path) -> Path:
     if path.is_file():
         return path
+    if (path / "metrics.jsonl").is_file():  # the run's own log, before any below it
+        return path / "metrics.jsonl"
     found = sorted(path.rglob("metrics.jsonl")) if path.is_dir() else []
     if not found:
         raise SystemExit(f"berth plot: no metrics.jsonl at {path}")
