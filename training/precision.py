@@ -5,9 +5,11 @@ float32 (the master copy); matrix products run in the lower precision. What `aut
 not assumed:
 
 - CUDA: bf16 where the GPU supports it, else fp16 with a GradScaler (fp16's range needs loss scaling).
-- CPU: bf16 where the CPU has native bf16 instructions (AVX-512 BF16 or AMX tiles), else fp32. A CPU
-  without them emulates bf16 (convert, compute in fp32, round), which costs time instead of saving it;
-  `bf16` can still be forced there (e.g. to test the path), with a warning.
+- CPU: fp32 where the CPU has no native bf16 instructions (AVX-512 BF16 or AMX tiles). Where it has them,
+  the trainer times a forward and backward pass of the run's own batches in both (`probe_cpu_precision`) and
+  keeps the faster, since bf16 autocast pays on long sequences and costs on short ones. A CPU without them
+  emulates bf16 (convert, compute in fp32, round), which costs time instead of saving it; `bf16` can still be
+  forced there (e.g. to test the path), with a warning.
 
 `BERTH_CPU_BF16=1` (or `0`) overrides the CPU detection: the machine is treated as one with (or
 without) native bf16, so `auto` resolves as it would there. It exists so that the test suite can run
@@ -18,8 +20,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
-from typing import Literal
+import time
+from collections.abc import Callable
+from typing import Any, Literal
 
 import torch
 
@@ -97,3 +102,34 @@ def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.Abst
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=dtype)
+
+
+PROBE_REPEATS = 2
+
+
+def probe_cpu_precision(step: Callable[[torch.dtype | None], None],
+                        repeats: int = PROBE_REPEATS) -> tuple[torch.dtype | None, dict[str, Any]]:
+    """Time `step(dtype)` (a forward and backward pass of the run's own batches) in fp32 and in bf16 and keep
+    the faster: whether bf16 autocast pays on a CPU depends on the shapes, not only on the CPU's flags (its casts
+    cost more than the bf16 matrix units save on short batches). One untimed pass each warms up; the timed
+    passes alternate so that a change in the machine's load falls on both; the best of each is compared."""
+    candidates: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16}
+    for dtype in candidates.values():
+        step(dtype)
+    best = {name: math.inf for name in candidates}
+    for _ in range(repeats):
+        for name, dtype in candidates.items():
+            started = time.perf_counter()
+            step(dtype)
+            best[name] = min(best[name], time.perf_counter() - started)
+    chosen = min(best, key=best.get)
+    record = {"measured_ms": {name: round(seconds * 1000, 2) for name, seconds in best.items()}, "chosen": chosen,
+              "repeats": repeats}
+    log.info("precision auto: fp32 %.1f ms, bf16 %.1f ms a probe step on this run's batches: %s",
+             record["measured_ms"]["fp32"], record["measured_ms"]["bf16"], chosen)
+    return candidates[chosen], record
+
+
+def dtype_named(name: str) -> torch.dtype | None:
+    """The autocast dtype a run record's precision name stands for."""
+    return {v: k for k, v in NAMES.items()}.get(name)

@@ -60,8 +60,9 @@ class TrainLoopSettings(BaseModel):
     max_grad_norm: float | None = Field(1.0, description="gradient clipping: largest global L2 norm; 0: no clipping")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
         "auto", description="number format of the training step (weights and optimizer state stay fp32): "
-        "auto: bf16 autocast on a GPU that supports it (else fp16 with loss scaling) and on a CPU with native "
-        "bf16 (AVX-512 BF16 or AMX), else fp32; bf16 forced on a CPU without it is emulated and slow; fp16: CUDA")
+        "auto: bf16 autocast on a GPU that supports it (else fp16 with loss scaling); on a CPU with native "
+        "bf16 (AVX-512 BF16 or AMX) whichever of fp32 and bf16 a timed probe on the run's own batches finds "
+        "faster, else fp32; bf16 forced on a CPU without it is emulated and slow; fp16: CUDA")
     save_every_steps: int | None = Field(None, gt=0, description="save the resumable training state every N "
                                          "optimizer steps (and at the end)")
     log_every_steps: int = Field(10, gt=0, description="optimizer steps between lines of metrics.jsonl")

@@ -67,7 +67,7 @@ from training.optimizer import (
     parameter_groups,
     replan,
 )
-from training.precision import autocast, precision_name, resolve_precision
+from training.precision import autocast, dtype_named, precision_name, probe_cpu_precision, resolve_precision
 from training.random_state import capture_rng_state, preserved_rng, restore_rng_state, seed_everything
 from training.settings import TrainSettings
 from training.threads import default_threads
@@ -210,7 +210,6 @@ class _Run:
         self.device = ctx.device
         self.model = model.to(self.device)
         self.amp_dtype = resolve_precision(settings.precision, self.device)
-        self.precision = precision_name(self.amp_dtype)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype == torch.float16)
         self.optimizer = build_optimizer(self.model, settings, self.device)
         self.scheduler = build_scheduler(self.optimizer, self.plan.warmup_steps, self.plan.total_steps)
@@ -218,7 +217,14 @@ class _Run:
         self.step, self.epoch, self.micro_done, self.elapsed_before = 0, 0, 0, 0.0
         self.last_checkpoint: Path | None = None
         self.last_saved_step = -1
+        self.resumed_precision: str | None = None  # what a resumed run's training state computed in
         self.resumed_from = self._resume()
+        self.precision_probe: dict[str, Any] | None = None
+        if settings.precision == "auto" and self.resumed_precision is not None:
+            self.amp_dtype = dtype_named(self.resumed_precision)  # a resumed run keeps the precision it chose
+        elif settings.precision == "auto" and self.device.type == "cpu" and self.amp_dtype is not None:
+            self._measure_precision()
+        self.precision = precision_name(self.amp_dtype)
         for callback in self.callbacks:
             states = self.callback_states
             callback.restore(None if states is None else states.get(callback.name), self.step)
@@ -259,6 +265,7 @@ class _Run:
         self.scaler.load_state_dict(state["scaler"])
         self.step, self.epoch, self.micro_done = state["step"], state["epoch"], state["micro_batches_done"]
         self.elapsed_before = state["elapsed_s"]
+        self.resumed_precision = state.get("precision")
         self.callback_states = state.get("callbacks", {})
         if "total_steps" in state and state["total_steps"] != self.plan.total_steps:  # a plan fitted to the budget
             self._set_plan(state["total_steps"], state["warmup_steps"])
@@ -268,6 +275,29 @@ class _Run:
             log.info("resumed from %s: step %d, epoch %d, %d micro-batches into it", folder, self.step, self.epoch,
                      self.micro_done)
         return folder
+
+    def _measure_precision(self) -> None:
+        """precision auto on a CPU with native bf16: time this run's own first and middle micro-batches in
+        fp32 and bf16 and train in the faster. Rank 0 measures, every rank follows; the weights and the random
+        state are left as they were."""
+        record = None
+        if self.ctx.is_main:
+            order = epoch_batches(self.plan.examples, self.settings, 0, lengths=self.lengths)
+            picks = [order[i] for i in sorted({0, len(order) // 2})]  # a probe costs ~12 steps' time
+            with preserved_rng():
+                batches = [{k: v.to(self.device) if isinstance(v, torch.Tensor) else v
+                            for k, v in self.collate([self.dataset[i] for i in pick]).items()} for pick in picks]
+
+                def step(dtype: torch.dtype | None) -> None:
+                    for batch in batches:
+                        with autocast(self.device, dtype):
+                            loss = self.model(**batch)["loss"]
+                        loss.backward()
+                    self.model.zero_grad(set_to_none=True)
+
+                _, record = probe_cpu_precision(step)
+        self.precision_probe = broadcast_object(self.ctx, record)
+        self.amp_dtype = dtype_named(self.precision_probe["chosen"])
 
     # -- the loop
 
@@ -533,6 +563,7 @@ class _Run:
             "plan": asdict(plan),
             "device": str(self.device),
             "precision": self.precision,
+            "precision_probe": self.precision_probe,
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
             "resumed_from": str(self.resumed_from) if self.resumed_from else None,

@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -22,7 +24,7 @@ from training import task_data
 from training.checkpoint import load_pretrained
 from training.finetune import FinetuneSettings, run_finetune
 from training.model import BertForSequenceClassification
-from training.precision import resolve_precision
+from training.precision import precision_name, probe_cpu_precision, resolve_precision
 from training.settings import TrainSettings
 from training.trainer import latest_checkpoint, load_checkpoint, train
 
@@ -44,19 +46,47 @@ def kernel_says_native_bf16() -> bool | None:
     return bool({"avx512_bf16", "amx_bf16", "amx_tile"} & set(flags))
 
 
-def test_auto_follows_the_cpu_flags_and_the_run_records_it(tmp_path):
+def test_auto_follows_the_cpu_flags_then_a_measurement_and_the_run_records_it(tmp_path):
     native = kernel_says_native_bf16()
     if native is None:
         pytest.skip("no /proc/cpuinfo to check the detection against")
-    expected = "bf16" if native else "fp32"
     assert resolve_precision("auto", torch.device("cpu")) == (torch.bfloat16 if native else None)
-    settings = TrainSettings(output_dir=tmp_path, batch_size=4, max_steps=2, save_every_steps=2, seed=3,
+    settings = TrainSettings(output_dir=tmp_path, batch_size=4, max_steps=4, save_every_steps=2, seed=3,
                              num_threads=1, progress_bar=False)
     assert settings.precision == "auto"
     result = train(tiny_pretraining_model(), MaskedTokens(size=8), collate, settings)
-    assert result.precision == expected
-    assert json.loads((tmp_path / "train_settings.json").read_text())["precision"] == expected
+    record = json.loads((tmp_path / "train_settings.json").read_text())
+    if native:  # both were timed on the run's batches; the faster one trained
+        probe = record["precision_probe"]
+        assert set(probe["measured_ms"]) == {"fp32", "bf16"} and all(v > 0 for v in probe["measured_ms"].values())
+        expected = min(probe["measured_ms"], key=probe["measured_ms"].get)
+    else:  # no native bf16: fp32 without a probe
+        assert record["precision_probe"] is None
+        expected = "fp32"
+    assert result.precision == record["precision"] == expected
     assert load_checkpoint(latest_checkpoint(tmp_path))["precision"] == expected
+
+    # A resumed run keeps what the run chose instead of measuring again (a different choice would not be exact):
+    # drop the last checkpoint (as a kill before it would) and run again from the one before.
+    shutil.rmtree(latest_checkpoint(tmp_path))
+    resumed = train(tiny_pretraining_model(), MaskedTokens(size=8), collate, settings)
+    assert resumed.precision == expected and resumed.steps == 4
+    assert json.loads((tmp_path / "train_settings.json").read_text())["precision_probe"] is None
+
+
+@pytest.mark.parametrize("slower", ["fp32", "bf16"])
+def test_the_probe_keeps_the_faster_precision(slower):
+    seen = []
+
+    def step(dtype):
+        seen.append(dtype)
+        time.sleep(0.02 if precision_name(dtype) == slower else 0.001)
+
+    chosen, record = probe_cpu_precision(step, repeats=2)
+    faster = "bf16" if slower == "fp32" else "fp32"
+    assert precision_name(chosen) == record["chosen"] == faster
+    assert record["measured_ms"][slower] >= 20
+    assert seen.count(None) == seen.count(torch.bfloat16) == 3  # one warm-up and two timed passes each
 
 
 def test_the_old_amp_setting_still_reads():
