@@ -161,7 +161,7 @@ def build_defaults(out: Path, work: Path, data_dir: Path | None = None, only: li
         # figure to compare with the recipe's expected minutes.
         wall, cpu = (time.time() - started) / 60, (_cpu_seconds() - cpu_started) / 60
         say(f"{tag}: done in {wall:.1f} min (CPU {cpu:.1f} min) -> {bundle} ({eta.remaining_text()})")
-        record["models"].append(_model_record(recipe, bundle, metrics, quality, wall, cpu))
+        record["models"].append(_model_record(recipe, model_folder, bundle, metrics, quality, wall, cpu))
         # Rewritten after each model, so an interrupted build keeps the record of what it finished.
         record.update(total_minutes=round((time.time() - built_at) / 60, 2), load_average_end=_load_average())
         (work / RECORD_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
@@ -196,11 +196,11 @@ def default_examples() -> dict[str, list]:
     return json.loads(EXAMPLES.read_text(encoding="utf-8"))
 
 
-def _model_record(recipe: Recipe, bundle: Path, metrics: dict[str, float], quality: dict, wall: float,
-                  cpu: float) -> dict:
+def _model_record(recipe: Recipe, model_folder: Path, bundle: Path, metrics: dict[str, float], quality: dict,
+                  wall: float, cpu: float) -> dict:
     from tasks.bundle import load_bundle
 
-    run = json.loads((Path(load_bundle(bundle).source["checkpoint"]) / "finetune_run.json").read_text())
+    run = json.loads((model_folder / "finetune_run.json").read_text())
     return {"name": recipe.name, "task": recipe.task, "train": recipe.train, "dev": recipe.dev,
             "options": recipe.options, "train_examples": run["train_examples"], "dev_examples": run["dev_examples"],
             "dev_metrics": metrics, "quality": quality, "precision": load_bundle(bundle).precision,

@@ -30,6 +30,7 @@ from tasks.bundle import (
     sign_bundle,
     write_manifest,
 )
+from tasks.model_card import CARD_FILE, bundle_card, portable_paths
 from tasks.onnx_session import CPU, CUDA, create_session, onnx_item_runner, onnx_runner
 from tasks.progress import Progress, counted
 from tasks.registry import definition, head_class
@@ -164,7 +165,9 @@ def export_bundle(
                              optimization, validated=[r["provider"] for r in reports], out_name=out.name)
         if example_inputs:
             manifest["examples"] = example_inputs
+        manifest = portable_paths(manifest, [data_dir, Path.cwd()])  # no path of this machine in the bundle
         write_manifest(final, manifest)
+        (final / CARD_FILE).write_text(bundle_card(final, manifest, checkpoint), encoding="utf-8")
         if private_key is not None:
             sign_bundle(final, private_key)
         if out.exists():
@@ -308,7 +311,7 @@ def _manifest(spec, config, target_precision, opset, inputs, outputs, checkpoint
         "inputs": inputs,
         "outputs": outputs,
         "source": {
-            "checkpoint": str(checkpoint.resolve()),
+            "checkpoint": checkpoint.resolve().name,  # what it was exported from, not a path of this machine
             "weights_sha256": file_sha256(weights) if weights else None,
             "dev_metrics": spec.dev_metrics,
         },

@@ -38,9 +38,10 @@ TINY = ["--preset", "tiny", "--max-seq-length", "64", "--batch-size", "16", "--m
 
 
 def _berth(*args: str) -> str:
-    """Run the `berth` command in this process and return what it printed."""
+    """Run the `berth` command in this process and return what it printed (the JSON result on stdout, the
+    summary line on stderr)."""
     printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
         assert main(list(args)) == 0
     return printed.getvalue()
 
