@@ -19,6 +19,7 @@ SUBCOMMAND_MODULES = [
     "berth.commands.tokenizer",
     "berth.commands.pretrain",
     "berth.commands.finetune",  # finetune and evaluate
+    "berth.commands.sweep",
     "berth.commands.plot",
     "berth.commands.export",
     "berth.commands.sign_bundle",

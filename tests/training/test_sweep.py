@@ -1,0 +1,284 @@
+"""`berth sweep` for real: tiny sweeps whose every trial is a real fine-tuning run (a 2-layer, H32 BERT with the real
+WordPiece tokenizer, on the topics sample), the grid parser and its refusals, selection and statistics against
+values computed here by hand, a failing trial, and SIGKILL mid-sweep then the same command."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from berth.cli import main
+from training.sweep_grid import PRESETS, GridError, expand, parse_grid, size
+from training.sweep_stats import best_cell_by_mean, cell_statistics, select_winner
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLES = ROOT / "data" / "samples" / "topics"
+
+
+@pytest.fixture(scope="module")
+def tiny_base(tmp_path_factory) -> Path:
+    """A 2-layer H32 BERT (random weights) saved as a model folder with the default base's tokenizer."""
+    import torch
+
+    from training.checkpoint import default_base_path, save_pretrained
+    from training.model import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=64)
+    folder = tmp_path_factory.mktemp("tiny-base")
+    save_pretrained(BertModel(config), folder, tokenizer_from=default_base_path())
+    return folder
+
+
+def sweep_args(base: Path, out: Path, *extra: str) -> list[str]:
+    return ["sweep", "--task", "classification", "--train", str(SAMPLES / "train.jsonl"),
+            "--dev", str(SAMPLES / "dev.jsonl"), "--out", str(out), "--base", str(base),
+            "--max-train-examples", "64", "--max-eval-examples", "64", "--max-seq-length", "32",
+            "--max-steps", "16", "--batch-size", "8", "--pooling", "mean", "--threads", "2", "--precision", "fp32",
+            *extra]
+
+
+GRID = ["--grid", "lr=1e-2,3e-3", "--restarts", "2"]
+
+
+def run_cli(capsys, argv: list[str]) -> tuple[int, dict | None, str]:
+    code = main(argv)
+    captured = capsys.readouterr()
+    document = json.loads(captured.out) if captured.out.strip() else None  # the whole stdout: one document
+    return code, document, captured.err
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_base, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("sweep") / "run"
+    done = subprocess.run([sys.executable, "-m", "berth.cli", *sweep_args(tiny_base, out, *GRID)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    document = json.loads(done.stdout)  # stdout is one JSON document, nothing else
+    assert document["sweep"] == str(out / "sweep.json")
+    return out
+
+
+# --- the grid ------------------------------------------------------------------------------------------------
+
+
+def test_grid_parsing_types_and_orders_the_cells():
+    grid = parse_grid(["lr=5e-5,3e-5,2e-5", "batch_size=16,32", "epochs=2,3,4"])
+    assert list(grid) == ["learning_rate", "batch_size", "epochs"] and size(grid) == 18
+    base = {"task": "classification", "train_file": "t.tsv", "out": "o"}
+    cells = expand(base, grid)
+    assert len(cells) == 18
+    assert cells[0] == {"learning_rate": 5e-5, "batch_size": 16, "epochs": 2.0}
+    assert cells[1] == {"learning_rate": 5e-5, "batch_size": 16, "epochs": 3.0}
+    assert cells[-1] == {"learning_rate": 2e-5, "batch_size": 32, "epochs": 4.0}
+    assert isinstance(cells[0]["batch_size"], int) and isinstance(cells[0]["learning_rate"], float)
+
+
+def test_presets_are_the_published_grids():
+    # BERT paper, appendix A.3; GLUE section 4.1; Google's small-BERT release README.
+    assert parse_grid(["paper"]) == {"learning_rate": [5e-5, 3e-5, 2e-5], "batch_size": [16, 32], "epochs": [2, 3, 4]}
+    assert parse_grid(["paper-glue"]) == {"learning_rate": [5e-5, 4e-5, 3e-5, 2e-5], "batch_size": [32],
+                                          "epochs": [3]}
+    assert size(PRESETS["small-bert"]) == 20 and PRESETS["small-bert"]["batch_size"] == [8, 16, 32, 64, 128]
+    replaced = parse_grid(["paper", "lr=1e-4", "warmup_ratio=0,0.1"])
+    assert replaced["learning_rate"] == ["1e-4"] and replaced["batch_size"] == [16, 32]
+    assert replaced["warmup_ratio"] == ["0", "0.1"]
+
+
+@pytest.mark.parametrize("items, message", [
+    (["dropout=0.1"], "unknown grid key 'dropout'"),
+    (["seed=1,2"], "not swept (use --restarts"),
+    (["lr="], "has no values"),
+    (["lr=1e-4,1e-4"], "repeats a value"),
+    (["paperz"], "neither key=v1,v2 nor a preset"),
+    ([], "empty grid"),
+])
+def test_grid_refusals(items, message):
+    with pytest.raises(GridError, match=message.replace("(", r"\(")):
+        parse_grid(items)
+
+
+def test_bad_values_are_refused_with_the_settings_message():
+    base = {"task": "classification", "train_file": "t.tsv", "out": "o"}
+    with pytest.raises(GridError, match="learning_rate=abc: learning_rate: Input should be a valid number"):
+        expand(base, parse_grid(["lr=1e-4,abc"]))
+    with pytest.raises(GridError, match="batch_size=0: batch_size: Input should be greater than 0"):
+        expand(base, parse_grid(["batch_size=0"]))
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--grid", "dropout=0.1"], "unknown grid key 'dropout'"),
+    (["--grid", "lr=fast"], "Input should be a valid number"),
+    (["--grid", "lr="], "has no values"),
+    (["--grid", "paper", "--restarts", "3"], "54 trials (18 cells x 3 restarts) is more than --max-trials 48"),
+    (["--sweep-minutes", "1", "--max-minutes", "5"], "cannot fit one trial"),
+    (["--restarts", "0"], "--restarts 0"),
+])
+def test_bad_input_is_one_line_and_exit_2_before_training(tmp_path, capsys, tiny_base, extra, message):
+    out = tmp_path / "never"
+    code, document, err = run_cli(capsys, sweep_args(tiny_base, out, *extra))
+    assert code == 2 and document is None
+    assert err.count("\n") == 1 and err.startswith("berth sweep: ") and message in err
+    assert not out.exists()  # refused before anything was written or trained
+
+
+def test_a_sweep_needs_a_dev_set(tmp_path, capsys, tiny_base):
+    argv = [a for a in sweep_args(tiny_base, tmp_path / "o") if a not in ("--dev", str(SAMPLES / "dev.jsonl"))]
+    code, _, err = run_cli(capsys, argv)
+    assert code == 2 and "give --dev" in err
+
+
+# --- selection and statistics on planted records ---------------------------------------------------------------
+
+
+def planted() -> tuple[list[dict], list[dict]]:
+    cells = [{"learning_rate": 1e-4}, {"learning_rate": 5e-5}, {"learning_rate": 3e-5}]
+    values = {(0, 1): 0.70, (1, 1): 0.80, (2, 1): 0.60, (0, 2): 0.74, (1, 2): None, (2, 2): 0.80,
+              (0, 3): 0.72, (1, 3): 0.78, (2, 3): float("nan")}
+    trials = []
+    for seed in (1, 2, 3):
+        for cell in range(3):
+            value = values[(cell, seed)]
+            status = "failed" if value is None else "ok"
+            trials.append({"id": f"c{cell}-s{seed}", "cell": cell, "seed": seed, "status": status,
+                           "dev_metrics": {} if value is None else {"accuracy": value}})
+    return trials, cells
+
+
+def test_selection_and_statistics_against_hand_computed_values():
+    trials, cells = planted()
+    winner = select_winner(trials, "accuracy")
+    # 0.80 twice (c1-s1 first in trial order, c2-s2 later): a tie, reported, the earlier trial wins.
+    assert (winner["id"], winner["value"], winner["ties"]) == ("c1-s1", 0.80, ["c2-s2"])
+    stats = cell_statistics(trials, cells, "accuracy")
+    first, second, third = stats
+    assert first["mean"] == pytest.approx(0.72) and first["std"] == pytest.approx(0.02)  # (.70,.74,.72)
+    assert (first["min"], first["max"], first["best"]["id"]) == (0.70, 0.74, "c0-s2")
+    # one failed restart: counted, not dropped; mean/std over the two ok ones; sqrt(0.0002) = 0.01414
+    assert (second["ok"], second["failed"]) == (2, 1)
+    assert second["mean"] == pytest.approx(0.79) and second["std"] == pytest.approx(math.sqrt(0.0002))
+    # a NaN metric is not a value: one ok value left, no std
+    assert third["values"] == [0.60, 0.80] and third["mean"] == pytest.approx(0.70)
+    assert best_cell_by_mean(stats)["cell"] == 1
+
+
+# --- real sweeps -----------------------------------------------------------------------------------------------
+
+
+def trial_metrics_from_folders(out: Path) -> dict[str, float]:
+    """Each trial's dev accuracy as its own fine-tuning run recorded it (berth_task.json), not the sweep."""
+    found = {}
+    for task_file in (out / "trials").glob("*/berth_task.json"):
+        found[task_file.parent.name] = json.loads(task_file.read_text())["dev_metrics"]["accuracy"]
+    return found
+
+
+def test_sweep_record_winner_and_best_folder(uninterrupted):
+    record = json.loads((uninterrupted / "sweep.json").read_text())
+    assert record["metric"] == "accuracy" and record["counts"] == {"ok": 4, "failed": 0, "not_run": 0}
+    assert [t["id"] for t in record["trials"]] == ["c00-seed42", "c01-seed42", "c00-seed43", "c01-seed43"]
+    assert [t["settings"]["learning_rate"] for t in record["trials"]] == [1e-2, 3e-3, 1e-2, 3e-3]
+    for trial in record["trials"]:
+        assert trial["status"] == "ok" and trial["minutes"] > 0 and trial["steps"] == 16
+    accuracies = trial_metrics_from_folders(uninterrupted)
+    assert len(accuracies) == 4
+    best = max(accuracies.values())
+    assert len(set(accuracies.values())) > 1  # the trials differ: the choice means something
+    order = [t["id"] for t in record["trials"]]
+    expected = min((key for key, value in accuracies.items() if value == best), key=order.index)
+    assert record["winner"]["id"] == expected and record["winner"]["value"] == best
+    # each trial's learning rate really reached its run
+    for trial in record["trials"]:
+        run = json.loads((uninterrupted / "trials" / trial["id"] / "finetune_run.json").read_text())
+        assert run["settings"]["learning_rate"] == trial["settings"]["learning_rate"]
+        assert run["settings"]["seed"] == trial["seed"]
+    # per-cell statistics from the folders' numbers
+    for cell in record["cells"]:
+        values = [accuracies[f"c{cell['cell']:02d}-seed{seed}"] for seed in (42, 43)]
+        assert cell["mean"] == pytest.approx(sum(values) / 2)
+        assert cell["std"] == pytest.approx(abs(values[0] - values[1]) / math.sqrt(2))
+    # the winner's weights are kept as best/, the others' are gone
+    best_folder = uninterrupted / "best"
+    assert json.loads((best_folder / "sweep_trial.json").read_text())["id"] == expected
+    assert (best_folder / "model.safetensors").read_bytes() == \
+        (uninterrupted / "trials" / expected / "model.safetensors").read_bytes()
+    kept = sorted(p.parent.name for p in (uninterrupted / "trials").glob("*/model.safetensors"))
+    assert kept == [expected]
+    assert (best_folder / "berth_task.json").is_file() and (best_folder / "tokenizer.json").is_file()
+
+
+def test_a_finished_sweep_run_again_reruns_nothing(uninterrupted, capsys, tiny_base):
+    before = {p.parent.name: p.read_text() for p in (uninterrupted / "trials").glob("*/trial.json")}
+    code, document, _ = run_cli(capsys, sweep_args(tiny_base, uninterrupted, *GRID))
+    assert code == 0 and document["counts"]["ok"] == 4
+    after = {p.parent.name: p.read_text() for p in (uninterrupted / "trials").glob("*/trial.json")}
+    assert after == before
+
+
+def test_another_sweep_in_the_same_folder_is_refused(uninterrupted, capsys, tiny_base):
+    code, _, err = run_cli(capsys, sweep_args(tiny_base, uninterrupted, "--grid", "lr=5e-4", "--restarts", "2"))
+    assert code == 2 and "holds another sweep (different cells, grid)" in err
+
+
+def test_sigkill_mid_sweep_then_the_same_command_finishes_every_trial_once(uninterrupted, tiny_base, tmp_path):
+    out = tmp_path / "killed"
+    argv = [sys.executable, "-m", "berth.cli", *sweep_args(tiny_base, out, *GRID, "--save-every-steps", "1")]
+    process = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while len(list((out / "trials").glob("*/trial.json"))) < 2:
+            assert process.poll() is None and time.monotonic() < deadline, "the sweep ended before the kill"
+            time.sleep(0.2)
+        os.kill(process.pid, signal.SIGKILL)
+    finally:
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGKILL)
+        process.wait()
+    first = {p.parent.name: json.loads(p.read_text()) for p in (out / "trials").glob("*/trial.json")}
+    assert 2 <= len(first) < 4
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"{len(first)} of 4 trials already finished, not re-run" in done.stderr
+    record = json.loads((out / "sweep.json").read_text())
+    assert record["counts"] == {"ok": 4, "failed": 0, "not_run": 0}
+    for trial in record["trials"]:  # the finished ones were not run again
+        if trial["id"] in first:
+            assert trial["started_at"] == first[trial["id"]]["started_at"]
+    reference = json.loads((uninterrupted / "sweep.json").read_text())
+    assert {t["id"]: t["dev_metrics"] for t in record["trials"]} == \
+        {t["id"]: t["dev_metrics"] for t in reference["trials"]}
+    assert record["winner"]["id"] == reference["winner"]["id"]
+
+
+def test_a_failing_trial_is_recorded_and_the_sweep_goes_on(tmp_path, tiny_base, capsys, monkeypatch):
+    import training.finetune
+
+    real = training.finetune.run_finetune
+
+    def crash_on_one(settings):
+        if settings.seed == 42 and settings.learning_rate == 1e-3:
+            raise RuntimeError("out of memory (planted)")
+        return real(settings)
+
+    monkeypatch.setattr(training.finetune, "run_finetune", crash_on_one)
+    out = tmp_path / "failing"
+    code, document, _ = run_cli(capsys, sweep_args(tiny_base, out, "--grid", "lr=1e-3,1e9,5e-4"))
+    record = json.loads((out / "sweep.json").read_text())
+    statuses = {t["id"]: (t["status"], t.get("error")) for t in record["trials"]}
+    assert statuses["c00-seed42"] == ("failed", "RuntimeError: out of memory (planted)")
+    # lr 1e9: a real run whose weights blow up; the loss is not finite, so the trial is failed
+    assert statuses["c01-seed42"][0] == "failed" and "non-finite" in statuses["c01-seed42"][1]
+    assert statuses["c02-seed42"] == ("ok", None)
+    assert record["counts"] == {"ok": 1, "failed": 2, "not_run": 0}
+    assert code == 0 and document["winner"]["id"] == "c02-seed42" == record["winner"]["id"]
+    assert [(c["ok"], c["failed"]) for c in record["cells"]] == [(0, 1), (0, 1), (1, 0)]
