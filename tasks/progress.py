@@ -45,7 +45,7 @@ class Progress:
         self.label, self.unit, self.every = label, unit, every
         self._total = total
         self.position = self.initial = initial
-        self._shown_position: float | None = None
+        self._dirty = False  # moved since the last line
         self.disable = not enabled
         self.tty = sys.stderr.isatty() if tty is None else tty
         self.interval_s = progress_interval() if interval_s is None else interval_s
@@ -74,6 +74,7 @@ class Progress:
             return
         before = self.position
         self.position += n
+        self._dirty = True
         now = time.monotonic()
         crossed = bool(self.every) and int(self.position // self.every) > int(before // self.every)
         if self.tty and now - self.shown >= TTY_REDRAW_S or not self.tty and (crossed or self._due(now)):
@@ -82,6 +83,7 @@ class Progress:
     def set_postfix(self, refresh: bool = False, **values: Any) -> None:
         """Figures shown after the rate (e.g. loss=0.43); kept until replaced."""
         self.postfix.update(values)
+        self._dirty = True
         if refresh and not self.disable:
             self._emit(time.monotonic())
 
@@ -90,8 +92,8 @@ class Progress:
             return
         self._closed = True
         self._stop.set()
-        if self.disable or not self.tty and self.position == self._shown_position and self.position > self.initial:
-            return  # the last line already said it
+        if self.disable or not self.tty and not self._dirty and self._total and self.position >= self._total:
+            return  # the last line already said it was complete
         self._emit(time.monotonic(), final=True)
 
     def __enter__(self) -> Progress:
@@ -132,7 +134,7 @@ class Progress:
 
     def _emit(self, now: float, final: bool = False) -> None:
         with self._lock:
-            self.shown, self._shown_position = now, self.position
+            self.shown, self._dirty = now, False
             if self.tty:
                 end = "\n" if final else ""
                 sys.stderr.write("\r" + self._bar(now) + "\x1b[K" + end)
