@@ -18,7 +18,6 @@ refuse) is written to the errors file with its reason, never stops the run.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -299,34 +298,25 @@ class Predictor:
 
 
 class Progress:
-    """One stderr line: rows, rows/s and the ETA (redrawn in place on a terminal, every 10 s otherwise)."""
+    """Rows written, through the shared reporter (tasks/progress.py): a bar on a terminal, else a line at least
+    every 30 s on stderr; the total is estimated from the share of the input read so far."""
 
     def __init__(self, fraction: Callable[[int], float], rows_before: int, enabled: bool):
+        from tasks.progress import Progress as Reporter
+
         self.fraction = fraction  # rows done -> how much of the input is behind
-        self.rows_before = rows_before
-        self.enabled = enabled
-        self.tty = sys.stderr.isatty()
-        self.started = self.shown = time.monotonic()
+        self.reporter = Reporter("berth predict", unit="rows", initial=rows_before, enabled=enabled)
 
     def update(self, rows_done: int, final: bool = False) -> None:
-        now = time.monotonic()
-        if not self.enabled or (not final and now - self.shown < (0.5 if self.tty else 10.0)):
+        reporter = self.reporter
+        if reporter.disable:
             return
-        self.shown = now
-        rate = (rows_done - self.rows_before) / max(now - self.started, 1e-9)
         fraction = 1.0 if final else self.fraction(rows_done)
-        eta = ""
-        if 0 < fraction < 1 and rate > 0:
-            remaining = rows_done * (1 - fraction) / fraction
-            eta = f", ETA {_duration(remaining / rate)}"
-        line = f"berth predict: {rows_done:,} rows ({fraction:.0%}), {rate:,.0f} rows/s{eta}"
-        print(("\r" + line.ljust(72)) if self.tty else line, end="\n" if final or not self.tty else "",
-              file=sys.stderr, flush=True)
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(seconds)
-    return f"{seconds // 3600}h{seconds // 60 % 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+        if 0 < fraction <= 1:
+            reporter.total = rows_done if final else round(rows_done / fraction)
+        reporter.update(rows_done - reporter.position)
+        if final:
+            reporter.close()
 
 
 def task_options(definition: Any, given: dict[str, Any]) -> Any:
