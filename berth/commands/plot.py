@@ -14,7 +14,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "finetune into their output folder) and save it as a PNG.",
     )
     parser.add_argument("metrics", type=Path,
-                        help="a metrics.jsonl, or a folder holding one (searched recursively)")
+                        help="a metrics.jsonl, or a folder holding one (searched recursively); or a `berth sweep` "
+                             "folder (its sweep.json): the dev metric per cell and the winner's curves")
     parser.add_argument("-o", "--output", type=Path, default=None,
                         help="PNG to write (default: metrics.png beside the metrics.jsonl)")
     parser.add_argument("--keys", default=None,
@@ -36,6 +37,15 @@ def find_metrics_file(path: Path) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     from training.plot import plot_metrics
+    from training.sweep_plot import find_sweep, plot_sweep
+
+    sweep = find_sweep(args.metrics)
+    if sweep is not None:  # a `berth sweep` folder: dev metric per cell, the winner's curves
+        try:
+            print(plot_sweep(sweep, args.output or sweep.with_name("sweep.png")))
+        except ValueError as err:
+            raise SystemExit(f"berth plot: {err}") from err
+        return 0
 
     metrics = find_metrics_file(args.metrics)
     output = args.output or metrics.with_name("metrics.png")

@@ -282,3 +282,51 @@ def test_a_failing_trial_is_recorded_and_the_sweep_goes_on(tmp_path, tiny_base, 
     assert record["counts"] == {"ok": 1, "failed": 2, "not_run": 0}
     assert code == 0 and document["winner"]["id"] == "c02-seed42" == record["winner"]["id"]
     assert [(c["ok"], c["failed"]) for c in record["cells"]] == [(0, 1), (0, 1), (1, 0)]
+
+
+def test_a_spent_budget_stops_the_sweep_after_whole_trials(tmp_path, capsys, tiny_base):
+    out = tmp_path / "budget"
+    code, document, _ = run_cli(capsys, sweep_args(tiny_base, out, *GRID, "--sweep-minutes", "0.0001"))
+    record = json.loads((out / "sweep.json").read_text())
+    # the first trial starts (nothing spent yet), then the budget is gone: the rest are listed as not run
+    assert [t["status"] for t in record["trials"]] == ["ok", "not_run", "not_run", "not_run"]
+    assert record["stopped_by"] == "sweep_minutes" and document["stopped_by"] == "sweep_minutes"
+    assert code == 0 and record["cells"][1]["not_run"] == 2
+
+
+def test_restart_major_order_gives_every_cell_a_trial_first():
+    from training.sweep import SweepPlan
+
+    plan = SweepPlan(base={"out": "o"}, grid={"learning_rate": [1, 2, 3]}, cells=[{}, {}, {}], seeds=[7, 8])
+    assert plan.order() == [(0, 7), (1, 7), (2, 7), (0, 8), (1, 8), (2, 8)]
+
+
+def test_grid_and_restarts_from_a_config_file(tmp_path, capsys, tiny_base):
+    config = tmp_path / "sweep.yaml"
+    config.write_text("grid:\n  lr: [1.0e-2, 3.0e-3]\nrestarts: 1\nlearning_rate: 5.0e-5\nmax_steps: 2\n")
+    out = tmp_path / "from-config"
+    code, document, _ = run_cli(capsys, sweep_args(tiny_base, out, "--config", str(config), "--max-steps", "2"))
+    assert code == 0
+    record = json.loads((out / "sweep.json").read_text())
+    assert record["grid"] == {"learning_rate": [1e-2, 3e-3]} and record["seeds"] == [42]
+    assert [t["settings"] for t in record["trials"]] == [{"learning_rate": 1e-2}, {"learning_rate": 3e-3}]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("grid:\n  lr: [fast]\n")
+    code, _, err = run_cli(capsys, sweep_args(tiny_base, tmp_path / "never", "--config", str(bad)))
+    assert code == 2 and "valid number" in err and not (tmp_path / "never").exists()
+
+
+def test_report_and_plot_of_a_sweep(uninterrupted, capsys):
+    from training.sweep_report import markdown
+
+    record = json.loads((uninterrupted / "sweep.json").read_text())
+    table = markdown(record)
+    rows = [line for line in table.splitlines() if line.startswith("| 0.")]
+    assert len(rows) == 2 and "2 / 2" in rows[0]
+    cell = record["cells"][0]
+    assert f"{cell['mean'] * 100:.1f} ± {cell['std'] * 100:.1f}" in rows[0]
+    assert f"`{record['winner']['id']}`" in table
+    assert main(["plot", str(uninterrupted)]) == 0
+    png = uninterrupted / "sweep.png"
+    assert capsys.readouterr().out.strip() == str(png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,69 @@
+"""A sweep record (sweep.json) as Markdown: one row per cell (mean ± std over restarts, min, max, the best
+restart, failures), the winner, and the cell with the best mean. Generated, never typed.
+
+    python -m training.sweep_report OUT/sweep.json [--scale 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+
+def _number(value: float | None, scale: float) -> str:
+    return "–" if value is None else f"{value * scale:.1f}" if scale != 1 else f"{value:.4g}"
+
+
+def _setting(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def markdown(record: dict[str, Any], scale: float = 100.0) -> str:
+    """The cells table and the winner's line; `scale` turns fractions into points (1 for SQuAD, already %)."""
+    metric = record["metric"]
+    keys = list(record["grid"]) or ["(settings as given)"]
+    head = "| " + " | ".join(keys) + f" | restarts ok / run | dev {metric} mean ± std | min | max | best restart |"
+    lines = [head, "|" + "---:|" * (len(keys) + 5)]
+    for cell in record["cells"]:
+        settings = [_setting(cell["settings"].get(key, "")) for key in keys] if record["grid"] else ["–"]
+        ran = cell["restarts"] - cell["not_run"]
+        spread = "" if cell["std"] is None else f" ± {_number(cell['std'], scale)}"
+        failed = f" ({cell['failed']} failed)" if cell["failed"] else ""
+        best = cell["best"]
+        best_text = f"{_number(best['value'], scale)} (seed {best['seed']})" if best else "–"
+        lines.append("| " + " | ".join(settings) + f" | {cell['ok']} / {ran}{failed} | {_number(cell['mean'], scale)}"
+                     f"{spread} | {_number(cell['min'], scale)} | {_number(cell['max'], scale)} | {best_text} |")
+    winner = record.get("winner")
+    lines.append("")
+    if winner:
+        settings = ", ".join(f"{k} {_setting(v)}" for k, v in winner["settings"].items()) or "the settings as given"
+        others = ", ".join(f"{k} {_number(v, scale)}" for k, v in winner["dev_metrics"].items()
+                           if k != metric and isinstance(v, int | float))
+        tie = f"; tied with {', '.join(winner['ties'])}" if winner["ties"] else ""
+        lines.append(f"Winner (best single trial on dev): `{winner['id']}`, {settings}, seed {winner['seed']}: "
+                     f"dev {metric} {_number(winner['value'], scale)}" + (f" ({others})" if others else "") + tie
+                     + ".")
+    by_mean = record.get("best_cell_by_mean")
+    if by_mean:
+        settings = ", ".join(f"{k} {_setting(v)}" for k, v in by_mean["settings"].items()) or "the one cell"
+        lines.append(f"Best mean over restarts: {settings} ({_number(by_mean['mean'], scale)}).")
+    counts = record["counts"]
+    lines.append(f"Trials: {counts['ok']} ok, {counts['failed']} failed, {counts['not_run']} not run; "
+                 f"{record['minutes']:.1f} trial-minutes; stopped: {record['stopped_by']}.")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("record", type=Path, help="a sweep.json, or the sweep folder holding it")
+    parser.add_argument("--scale", type=float, default=100.0, help="multiply metrics by this (default: %(default)s)")
+    args = parser.parse_args(argv)
+    path = args.record / "sweep.json" if args.record.is_dir() else args.record
+    print(markdown(json.loads(path.read_text(encoding="utf-8")), args.scale), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
