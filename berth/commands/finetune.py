@@ -32,11 +32,17 @@ EXAMPLES = """examples:
   # a recipe file (YAML or JSON, the settings' field names; flags override it); every run writes its
   # effective settings to OUT/config.yaml, so this runs runs/mine again into runs/mine-again
   berth finetune --config runs/mine/config.yaml --out runs/mine-again
+  # evaluate on dev every 200 steps, keep the best checkpoint, stop after 5 evaluations without a better one,
+  # curves to TensorBoard (OUT/tensorboard) and MLflow (./mlruns or $MLFLOW_TRACKING_URI); then plot them
+  berth finetune --task classification --train ../shared/data/sst2/train.tsv --dev ../shared/data/sst2/dev.tsv \
+      --out runs/sst2 --eval-every-steps 200 --early-stopping-patience 5 --report-to tensorboard,mlflow
+  berth plot runs/sst2
 
 The output folder is a Hugging Face model folder (config.json, model.safetensors, tokenizer.json) with
-berth_task.json and finetune_run.json; `berth export` turns it into a bundle. While training, its
-train_state/ holds the resumable training state (run the same command again to resume after a kill);
-it is deleted at the end.
+berth_task.json, finetune_run.json (with --eval-every-steps, a "best" record: the step kept, its metric and
+value, every evaluation and what evaluating cost) and metrics.jsonl (the training and dev curves);
+`berth export` turns it into a bundle. While training, its train_state/ holds the resumable training state
+and the best weights so far (run the same command again to resume after a kill); it is deleted at the end.
 """
 
 FLAG_NAMES = {  # the flags' short names; every other setting is --its-name
