@@ -26,6 +26,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tasks.progress import Progress
+
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = REPO / "data" / "samples"
 EXAMPLES = SAMPLES / "examples.json"  # model name -> example inputs written into its bundle (the playground's)
@@ -185,8 +187,9 @@ def build_embeddings_bundle(out: Path, force: bool = False, threads: int | None 
         say(f"[embeddings] bundle exists, skipped ({bundle})")
         return None
     started = time.time()
-    export_bundle(default_base_path(), bundle, precision="fp32", task="embedding", optimize_graph="never",
-                  parity_examples=64, threads=threads, example_inputs=default_examples().get(EMBEDDINGS_BUNDLE))
+    with Progress("[embeddings] exporting"):  # a line at least every 30 s while it works
+        export_bundle(default_base_path(), bundle, precision="fp32", task="embedding", optimize_graph="never",
+                      parity_examples=64, threads=threads, example_inputs=default_examples().get(EMBEDDINGS_BUNDLE))
     say(f"[embeddings] exported the base model in {time.time() - started:.0f} s -> {bundle}")
     return bundle
 
@@ -366,7 +369,8 @@ def _export(model_folder: Path, bundle: Path, precision: str, automatic: bool, t
     for recipe in recipes:
         say(f"{tag}: exporting {precision}" + (f" (int8 recipe {recipe})" if recipe else ""))
         try:
-            export_bundle(model_folder, bundle, precision=precision, example_inputs=examples, int8_recipe=recipe)
+            with Progress(f"{tag}: exporting {precision}"):  # a line at least every 30 s while it works
+                export_bundle(model_folder, bundle, precision=precision, example_inputs=examples, int8_recipe=recipe)
             return
         except ParityError as error:
             if not automatic or precision == "fp32":
@@ -375,7 +379,8 @@ def _export(model_folder: Path, bundle: Path, precision: str, automatic: bool, t
     # A small demo model with near-tied logits can flip labels under int8/fp16; the bundle then
     # ships in fp32 (exact parity) rather than not at all. An explicit --precision still fails.
     say(f"{tag}: exporting fp32 instead")
-    export_bundle(model_folder, bundle, precision="fp32", example_inputs=examples)
+    with Progress(f"{tag}: exporting fp32"):
+        export_bundle(model_folder, bundle, precision="fp32", example_inputs=examples)
 
 
 def _record_quality(bundle: Path, quality: dict) -> None:

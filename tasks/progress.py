@@ -113,7 +113,7 @@ class Progress:
             f"{_number(self.position)} {self.unit}"
         if total:
             where += f" ({min(self.position / total, 1):.0%})"
-        parts = [where, f"elapsed {duration(elapsed)}"]
+        parts = [where, f"elapsed {duration(elapsed)}"] if total or self.position else [f"elapsed {duration(elapsed)}"]
         if total and rate > 0 and self.position < total:
             parts.append(f"ETA {duration((total - self.position) / rate)}")
         if self.position > self.initial:

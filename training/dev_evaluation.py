@@ -31,7 +31,7 @@ class UnknownMetric(ValueError):
 def dev_evaluator(adapter: Any, examples: Sequence[Any], spec: TaskSpec) -> Callable[[nn.Module], dict[str, float]]:
     """model -> the task's dev metrics on `examples` (what the trainer calls every eval_every_steps)."""
     def evaluate(model: nn.Module) -> dict[str, float]:
-        metrics, _ = adapter.evaluate(torch_item_runner(model), examples, spec)
+        metrics, _ = adapter.evaluate(torch_item_runner(model, progress="dev evaluation"), examples, spec)
         return metrics
 
     return evaluate
