@@ -144,7 +144,8 @@ class FinetuneSettings(TrainLoopSettings):
                                "context (SWAG CSV or {context, choices, label} JSON lines); rerank: a query's "
                                "relevance to a document (SQuAD JSON: a question, its paragraph and hard negatives)")
     train_file: Path = Field(description="training data file")
-    dev_file: Path | None = Field(None, description="dev data file: evaluated after training")
+    dev_file: Path | None = Field(None, description="dev data file: evaluated after training (and every "
+                                  "eval_every_steps while training)")
     out: Path = Field(description="output folder: the fine-tuned model folder (Hugging Face checkpoint + "
                       "berth_task.json + finetune_run.json)")
     data_format: str = Field("auto", description="auto (from the file), sst2, mrpc, table (csv/tsv/jsonl), conll, "
