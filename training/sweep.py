@@ -185,7 +185,7 @@ def run_trial(plan: SweepPlan, cell: int, seed: int, runner: Runner) -> dict[str
     record["finished_at"] = _now()
     record.update(_run_facts(folder))
     if record["status"] == "ok":
-        reason = _failure_reason(record, plan.metric)
+        reason = _failure_reason(record, plan.metric or plan.base.get("metric_for_best"))
         if reason:
             record.update(status="failed", error=reason)
     _write_json(folder / TRIAL_FILE, record)
@@ -220,9 +220,10 @@ def _failure_reason(record: dict, metric: str | None) -> str | None:
 
 
 def _metric(plan: SweepPlan, done: dict[str, dict]) -> str | None:
-    """The selection metric: the one asked for, else the task's headline metric of the first ok trial."""
-    if plan.metric:
-        return plan.metric
+    """The selection metric: the one asked for (--metric, else the runs' metric_for_best), else the task's
+    headline metric of the first ok trial."""
+    if plan.metric or plan.base.get("metric_for_best"):
+        return plan.metric or plan.base["metric_for_best"]
     from tasks.registry import definition
 
     for cell, seed in plan.order():
@@ -232,10 +233,17 @@ def _metric(plan: SweepPlan, done: dict[str, dict]) -> str | None:
     return None
 
 
+def greater_is_better(metric: str) -> bool:
+    """The direction of a metric by its name, as a run's best-checkpoint choice reads it."""
+    from training.callbacks import greater_is_better as by_name
+
+    return by_name(metric)
+
+
 def _winner(plan: SweepPlan, done: dict[str, dict]) -> dict | None:
     metric = _metric(plan, done)
     ordered = [done[key] for cell, seed in plan.order() if (key := trial_id(cell, seed)) in done]
-    return sweep_stats.select_winner(ordered, metric) if metric else None
+    return sweep_stats.select_winner(ordered, metric, greater_is_better(metric)) if metric else None
 
 
 def _budget_spent(plan: SweepPlan, done: dict[str, dict]) -> bool:
@@ -260,8 +268,9 @@ def summarize(plan: SweepPlan, done: dict[str, dict], stopped_by: str | None) ->
         trial = dict(trial)
         trial["model_kept"] = (plan.out / TRIALS_DIR / key / "config.json").is_file()
         trials.append(trial)
-    cells = sweep_stats.cell_statistics(trials, plan.cells, metric) if metric else []
-    winner = sweep_stats.select_winner(trials, metric) if metric else None
+    greater = greater_is_better(metric) if metric else True
+    cells = sweep_stats.cell_statistics(trials, plan.cells, metric, greater) if metric else []
+    winner = sweep_stats.select_winner(trials, metric, greater) if metric else None
     counts = {status: sum(t["status"] == status for t in trials) for status in ("ok", "failed", "not_run")}
     from training.finetune import run_provenance
 
@@ -271,7 +280,7 @@ def summarize(plan: SweepPlan, done: dict[str, dict], stopped_by: str | None) ->
         "task": plan.base.get("task"),
         "train_file": str(plan.base.get("train_file")),
         "dev_file": str(plan.base.get("dev_file")),
-        "metric": metric, "direction": "max",
+        "metric": metric, "direction": "max" if greater else "min",
         "grid": json.loads(json.dumps(plan.grid, default=str)),
         "seeds": plan.seeds,
         "base_settings": json.loads(json.dumps(plan.base, default=str)),
@@ -282,7 +291,7 @@ def summarize(plan: SweepPlan, done: dict[str, dict], stopped_by: str | None) ->
         "stopped_by": stopped_by or ("complete" if counts["not_run"] == 0 else "interrupted"),
         "winner": winner,
         "best_folder": BEST_DIR if winner else None,
-        "best_cell_by_mean": sweep_stats.best_cell_by_mean(cells),
+        "best_cell_by_mean": sweep_stats.best_cell_by_mean(cells, greater),
         "cells": cells,
         "trials": trials,
         "provenance": run_provenance(),

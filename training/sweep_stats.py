@@ -2,9 +2,9 @@
 
 A trial record is a dict with at least `id`, `cell` (its index in the grid), `seed`, `status` ("ok",
 "failed" or "not_run") and, when ok, `dev_metrics`. Selection is on the dev metric `metric`, higher is
-better (every task metric berth reports is: accuracy, F1, Pearson, SQuAD F1, MRR@10). The winner is the
-best ok trial; equal values are a tie, reported, and broken by trial order (the earlier trial, so the
-answer does not depend on which finished first).
+better unless `greater` is False (a loss). The winner is the best ok trial; equal values are a tie,
+reported, and broken by trial order (the earlier trial, so the answer does not depend on which finished
+first).
 
 Per cell: over its ok restarts the mean, the sample standard deviation (n - 1; none for one restart),
 min, max, and the best restart; the failed restarts are counted there, never dropped.
@@ -28,13 +28,13 @@ def metric_value(trial: dict, metric: str) -> float | None:
     return float(value)
 
 
-def select_winner(trials: Sequence[dict], metric: str) -> dict | None:
+def select_winner(trials: Sequence[dict], metric: str, greater: bool = True) -> dict | None:
     """{"id", "cell", "seed", "value", "ties": [ids of other trials with the same value]}; None if no ok trial."""
     scored = [(value, index, trial) for index, trial in enumerate(trials)
               if (value := metric_value(trial, metric)) is not None]
     if not scored:
         return None
-    best = max(value for value, _, _ in scored)
+    best = (max if greater else min)(value for value, _, _ in scored)
     tied = [trial for value, _, trial in scored if value == best]
     winner = tied[0]
     return {"id": winner["id"], "cell": winner["cell"], "seed": winner["seed"], "metric": metric, "value": best,
@@ -42,7 +42,7 @@ def select_winner(trials: Sequence[dict], metric: str) -> dict | None:
             "ties": [trial["id"] for trial in tied[1:]]}
 
 
-def cell_statistics(trials: Sequence[dict], cells: Sequence[dict], metric: str) -> list[dict]:
+def cell_statistics(trials: Sequence[dict], cells: Sequence[dict], metric: str, greater: bool = True) -> list[dict]:
     """One entry per grid cell, in grid order."""
     out = []
     for index, settings in enumerate(cells):
@@ -56,7 +56,8 @@ def cell_statistics(trials: Sequence[dict], cells: Sequence[dict], metric: str) 
         }
         if values:
             numbers = [v for v, _ in values]
-            best_value, best_trial = max(values, key=lambda pair: pair[0])  # max keeps the first of equals
+            pick = max if greater else min  # both keep the first of equals
+            best_value, best_trial = pick(values, key=lambda pair: pair[0])
             entry.update(mean=statistics.fmean(numbers), std=statistics.stdev(numbers) if len(numbers) > 1 else None,
                          min=min(numbers), max=max(numbers),
                          best={"id": best_trial["id"], "seed": best_trial["seed"], "value": best_value})
@@ -64,12 +65,12 @@ def cell_statistics(trials: Sequence[dict], cells: Sequence[dict], metric: str) 
     return out
 
 
-def best_cell_by_mean(cells: Sequence[dict]) -> dict | None:
+def best_cell_by_mean(cells: Sequence[dict], greater: bool = True) -> dict | None:
     """The cell with the highest mean over its restarts (the robust choice; the winner is the best single
     restart, as the paper keeps): {"cell", "mean", "std", "ok"}."""
     scored = [cell for cell in cells if cell["mean"] is not None]
     if not scored:
         return None
-    best = max(scored, key=lambda cell: cell["mean"])
+    best = (max if greater else min)(scored, key=lambda cell: cell["mean"])
     return {"cell": best["cell"], "settings": best["settings"], "mean": best["mean"], "std": best["std"],
             "ok": best["ok"]}

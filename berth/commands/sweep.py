@@ -81,39 +81,26 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=run_sweep_command)
 
 
-def read_config(path: Path) -> dict[str, Any]:
-    """A settings file as a dict (YAML, or JSON which YAML reads too)."""
-    import yaml
-
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as error:
-        raise UsageError(f"--config {path}: {str(error).splitlines()[0]}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise UsageError(f"--config {path}: expected a mapping of settings, got {type(data).__name__}")
-    return data
-
-
 def build_plan(args: argparse.Namespace):
     """The sweep plan from the flags (and the config file), every cell validated; UsageError if anything is
     wrong, before any training."""
     from pydantic import ValidationError
 
+    from berth.config_files import ConfigError, describe_errors, read_config
     from training.sweep import SweepPlan, check_budget
     from training.sweep_grid import GridError, expand, normalize_grid, parse_grid, size
 
-    config = read_config(args.config) if args.config else {}
+    try:
+        config = read_config(args.config) if args.config else {}
+    except ConfigError as error:
+        raise UsageError(str(error)) from None
     config_grid = config.pop("grid", None)
     config_restarts = config.pop("restarts", None)
     base = {**config, **given_settings(args, FinetuneSettings)}
     try:
         settings = FinetuneSettings(**base)
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "settings"
-        raise UsageError(f"{where}: {first['msg']}") from None
+        raise UsageError(describe_errors(error, config, args.config)) from None
     if settings.dev_file is None:
         raise UsageError("a sweep selects on dev: give --dev")
     for name in ("train_file", "dev_file"):

@@ -330,3 +330,11 @@ def test_report_and_plot_of_a_sweep(uninterrupted, capsys):
     png = uninterrupted / "sweep.png"
     assert capsys.readouterr().out.strip() == str(png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_loss_is_selected_lowest():
+    trials = [{"id": f"t{i}", "cell": i, "seed": 1, "status": "ok", "dev_metrics": {"loss": v}}
+              for i, v in enumerate([0.9, 0.4, 0.7])]
+    cells = [{"x": i} for i in range(3)]
+    assert select_winner(trials, "loss", greater=False)["id"] == "t1"
+    assert best_cell_by_mean(cell_statistics(trials, cells, "loss", greater=False), greater=False)["cell"] == 1
