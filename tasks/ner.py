@@ -346,6 +346,28 @@ def _group_entities(text: str, units: _Units, names: list[str], ignore_labels: S
     return entities
 
 
+def _one_type_per_word(scores: np.ndarray, label_ids: np.ndarray, token_scores: np.ndarray, word_ids: np.ndarray,
+                       names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Each word's later tokens continue what its first token says (`simple`'s word rule): I-X after B-X or
+    I-X, O after O. The model was trained with each word's label on its first token only (the later ones are
+    ignored by the loss), so their own tags are untrained guesses. A later token whose own tag has the word's
+    type keeps its score; one that disagreed is scored by the probability it gives the word's type (B-X + I-X,
+    or O), so the disagreement shows in the entity's score."""
+    label_ids, token_scores = label_ids.copy(), token_scores.copy()
+    later = np.flatnonzero(np.r_[False, word_ids[1:] == word_ids[:-1]] & (word_ids >= 0))
+    if not len(later):
+        return label_ids, token_scores
+    types = [n[2:] if n.startswith(("B-", "I-")) else n for n in names]
+    inside = {t: names.index("I-" + t) for t in set(types) if "I-" + t in names}
+    members = {t: [i for i, other in enumerate(types) if other == t] for t in set(types)}
+    for i in later.tolist():  # in text order: a word's first token is settled before its later ones
+        word_type = types[label_ids[i - 1]]
+        if types[label_ids[i]] != word_type:
+            token_scores[i] = scores[i, members[word_type]].sum()
+        label_ids[i] = inside.get(word_type, label_ids[i - 1])
+    return label_ids, token_scores
+
+
 def decode_entities(
     text: str,
     windows: NERWindows,
@@ -361,7 +383,10 @@ def decode_entities(
     - `none`: one result per token, `entity` the raw tag (B-PER, ...), the token's own span (an [UNK]
       with all its characters; the end moved past any combining accent the normalizer stripped);
     - `simple`: tokens grouped into entities (`entity` the type): B-X I-X I-X is one entity,
-      B-X B-X two; the score is the mean of the token scores;
+      B-X B-X two; the score is the mean of the token scores. Unlike the pipeline's `simple`, an entity
+      never begins or ends inside a word: a word's later tokens continue its first token's tag (the
+      one the model was trained to predict) and are scored by the probability they give that type, so
+      the spans are those of `first` ("Cupertino" tagged cup=B-ORG ##ert=B-LOC ##ino=I-LOC is one ORG);
     - `first` / `average` / `max`: first each word (pre-tokenizer word: split at spaces and
       punctuation) gets one label, from its first token's scores, from the average of its tokens'
       scores, or from its most confident token; then words are grouped as in `simple`.
@@ -413,6 +438,7 @@ def decode_entities(
         label_ids = scores.argmax(axis=1)
         token_scores = scores[np.arange(len(scores)), label_ids]
         if aggregation == "simple":
+            label_ids, token_scores = _one_type_per_word(scores, label_ids, token_scores, windows.word_ids, names)
             units = _Units(label_ids, token_scores, starts, ends, ends, starts, windows.unknown, windows.unknown)
             return _group_entities(text, units, names, ignore_labels)
         ignored = np.array([name in ignore_labels for name in names], dtype=bool)

@@ -173,8 +173,10 @@ def test_ner_on_conll_dev_matches_the_transformers_pipeline(client, checkpoints,
     assert len(texts) == 20
     found = post(client, "/v1/ner", {"model": "entities", "inputs": texts, "aggregation": aggregation})
     for text, got in zip(texts, found):
+        # simple's word rule: its spans are the pipeline's `first` spans (the pipeline's simple may cut a word)
+        spans_of = "first" if aggregation == "simple" else aggregation
         want = [(e["entity"], e["start"], e["end"], None) for e in reference.entities(checkpoints["entities"], text,
-                                                                                      aggregation)]
+                                                                                      spans_of)]
         if aggregation != "none":  # tasks.ner's documented edge rule: the pipeline may return "all-"
             want = pipeline_spans_trimmed(text, ner_windows(tokenizer, text), want)
         assert [(e["entity"], e["start"], e["end"]) for e in got] == [w[:3] for w in want]

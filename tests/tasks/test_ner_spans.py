@@ -207,3 +207,51 @@ def test_the_served_decode_over_several_windows(tokenizer):
     at = len(filler)
     assert [(e["entity"], e["text"], e["start"], e["end"]) for e in entities] == [
         ("ORG", "Acme Corp", at + 1, at + 10), ("PER", "Jean-Pierre Müller-Lüdenscheidt", at + 17, at + 48)]
+
+
+# -- words stay whole ---------------------------------------------------------------------------------------------
+
+WORDY_TEXTS = [
+    "Tim Cook spoke in Cupertino about Apple's plans.",
+    "Zoë Saldaña and Jean-Pierre Müller-Lüdenscheidt met Łukasz Żółkiewski in Łódź.",
+    "Siobhán O'Neill-Kavanagh joined Nestlé S.A. near Genève, says Ångström.",
+    "Dr. Krzysztof Szczęsny-Wróbel visited Reykjavík and Þórshöfn with Ólafur.",
+]
+
+
+def _inside_a_run_of_letters(text: str, at: int) -> bool:
+    """True when a boundary at `at` cuts a run of letters or digits (checked on the text itself)."""
+    return 0 < at < len(text) and text[at - 1].isalnum() and text[at].isalnum()
+
+
+@pytest.mark.parametrize("aggregation", GROUPED)
+def test_no_entity_begins_or_ends_inside_a_word(tokenizer, aggregation):
+    """Random tags on every token (sub-tokens of one word disagreeing all the time): whatever the aggregation, an
+    entity's edges fall between words, never inside a run of letters."""
+    rng = np.random.default_rng(7)
+    checked = 0
+    for text in WORDY_TEXTS:
+        windows = ner_windows(tokenizer, text)
+        assert len(windows) == 1
+        for _ in range(25):
+            logits = rng.normal(scale=4.0, size=(len(windows[0]), len(LABELS))).astype(np.float32)
+            for e in decode_entities(text, windows, [logits], LABELS, aggregation=aggregation):
+                assert not _inside_a_run_of_letters(text, e["start"]), (text, e)
+                assert not _inside_a_run_of_letters(text, e["end"]), (text, e)
+                checked += 1
+    assert checked > 100
+
+
+@pytest.mark.parametrize("aggregation", GROUPED)
+def test_cupertino_with_disagreeing_sub_tokens_is_one_entity(tokenizer, aggregation):
+    text = "Apple is based in Cupertino"
+    tokens = tokenizer.encode(text, add_special_tokens=False).tokens
+    assert tokens[-3:] == ["cup", "##ert", "##ino"]  # one word, three tokens
+    rest = [(t, "O") for t in tokens[:-3]]
+    # The first token says ORG, the later ones LOC: the word is the first token's (what the model was trained on).
+    found = decode(tokenizer, text, [*rest, ("cup", "B-ORG", 0.56), ("##ert", "B-LOC", 0.5), ("##ino", "I-LOC")],
+                   aggregation)
+    if aggregation in ("max", "average"):  # ##ino's I-LOC 0.9 wins the word's max and its average
+        assert spans(found) == [("LOC", "Cupertino", 18, 27)]
+    else:
+        assert spans(found) == [("ORG", "Cupertino", 18, 27)]
