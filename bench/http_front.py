@@ -28,18 +28,10 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from bench.load_tools import hey, hey_version
+from bench.local_processes import REPO, free_port, running, serve_repository
 from bench.machine import machine_facts
-from bench.service_load import (
-    REPO,
-    RESULTS,
-    _hey_version,
-    _print_level,
-    free_port,
-    hey,
-    running,
-    serve_repository,
-    workloads,
-)
+from bench.service_load import RESULTS, _print_level, workloads
 from tasks.registry import definition
 
 LIBRARIES = ("onnxruntime", "fastapi", "uvicorn", "uvloop", "httptools", "granian")
@@ -178,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     result: dict[str, Any] = {
         "machine": machine_facts(args.threads, LIBRARIES),
-        "generator": _hey_version(),
+        "generator": hey_version(),
         "granian": granian_version(args.granian_path),
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "load_average_start": list(os.getloadavg()),

@@ -102,7 +102,7 @@ def server(
     venv: Path, engine: str, checkpoint: Path, name: str, threads: int, work: Path, port: int
 ) -> tuple[int, Any]:
     """(port, a context manager running Infinity's `engine` on the checkpoint, served as `name`)."""
-    from bench.service_load import running
+    from bench.local_processes import running
 
     folder = onnx_folder(venv, checkpoint, work, threads) if engine == "optimum" else checkpoint
     command = [

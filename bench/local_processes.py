@@ -1,5 +1,5 @@
 """Local processes for the benchmarks (and the tests, which import them from here): a free loopback port, a
-server process waited for and stopped, and a real Ray cluster on 127.0.0.1.
+server process waited for and stopped, a process's CPU time, and a real Ray cluster on 127.0.0.1.
 
 `RayCluster` is `ray start --head` and more nodes joining it, each `ray start --block` in a session of its own,
 stopped by the ids of the processes it started (the nodes and their descendants), never by `ray stop`, which
@@ -16,9 +16,12 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 RAY = Path(sys.executable).with_name("ray")
+REPO = Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:
@@ -124,3 +127,48 @@ class RayCluster:
             while time.monotonic() < deadline and any(p.poll() is None for p in self.processes):
                 time.sleep(0.2)
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def ready(port: int, path: str = "/readyz") -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+@contextmanager
+def running(command: list[str], port: int, log: Path, timeout: float = 600, ready_path: str = "/readyz",
+            cwd: Path = REPO, env: dict[str, str] | None = None):
+    """A server subprocess, yielded once GET `ready_path` answers 200; stopped with SIGTERM after."""
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(command, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        try:
+            deadline = time.monotonic() + timeout
+            while not ready(port, ready_path):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"{command[:4]} did not become ready; see {log}")
+                time.sleep(0.5)
+            yield proc
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def cpu_seconds(pid: int, thread: int | None = None) -> float:
+    """utime + stime of a process and its threads, or of one of its threads (the main thread: `thread=pid`),
+    from /proc."""
+    stat = Path(f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat")
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def serve_repository(repository: Path, threads: int, work: Path, serve_args: list[str]):
+    port = free_port()
+    command = [sys.executable, "-m", "berth.cli", "serve", "--models", str(repository), "--port", str(port),
+               "--threads", str(threads), "--log-level", "warning", *serve_args]
+    return port, running(command, port, work / f"serve-{repository.name}.log")

@@ -38,8 +38,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from bench.local_processes import REPO, free_port, running, serve_repository
 from bench.machine import machine_facts
-from bench.service_load import REPO, free_port, running, serve_repository
 
 SQUAD_SAMPLE = REPO / "data" / "samples" / "squad" / "dev.json"
 

@@ -35,24 +35,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
-import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bench.local_processes import free_port
+from bench.load_tools import hey, hey_version, machine_cpu, steal_share
+from bench.local_processes import REPO, free_port, running, serve_repository
 from bench.machine import machine_facts
 from tasks.registry import definition
 
-REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 SHARED_DATA = Path(os.environ.get("BERTH_SHARED_DATA", REPO.parent / "shared" / "data"))
 LIBRARIES = ("onnxruntime", "fastapi", "uvicorn", "torch", "transformers", "tokenizers", "numpy")
@@ -208,127 +205,6 @@ def _side_by_side(session, feeds: dict[str, Any], workers: int, seconds: float) 
 
 
 # -- 2./3. servers under hey ---------------------------------------------------------------------------------
-
-
-def _ready(port: int, path: str = "/readyz") -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
-
-
-@contextmanager
-def running(command: list[str], port: int, log: Path, timeout: float = 600, ready_path: str = "/readyz",
-            cwd: Path = REPO, env: dict[str, str] | None = None):
-    """A server subprocess, yielded once GET `ready_path` answers 200; stopped with SIGTERM after."""
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(command, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=env)
-        try:
-            deadline = time.monotonic() + timeout
-            while not _ready(port, ready_path):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"{command[:4]} did not become ready; see {log}")
-                time.sleep(0.5)
-            yield proc
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-def _cpu_seconds(pid: int, thread: int | None = None) -> float:
-    """utime + stime of a process and its threads, or of one of its threads (the main thread: `thread=pid`),
-    from /proc."""
-    stat = Path(f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat")
-    fields = stat.read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _machine_cpu() -> list[int]:
-    """The machine's CPU time by state (/proc/stat: user nice system idle iowait irq softirq steal ...)."""
-    return [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-
-
-def _steal_share(before: list[int], after: list[int]) -> float:
-    """The share of the machine's CPU time the hypervisor gave to other guests in between (a VM's noise:
-    throughput measured at different moments is comparable only at a similar steal share)."""
-    spent = [b - a for a, b in zip(before, after)]
-    return spent[7] / max(sum(spent), 1) if len(spent) > 7 else 0.0
-
-
-def hey(port: int, route: str, body: dict, clients: int, seconds: float, server_pid: int, work: Path
-        ) -> dict[str, Any]:
-    """One closed-loop level: `clients` connections for `seconds`; throughput, latency percentiles,
-    status codes, and the CPU share of the generator and of the server (of all the machine's cores)."""
-    payload = work / "body.json"
-    payload.write_text(json.dumps(body), encoding="utf-8")
-    # -o csv: one row per response, so percentiles are ours (hey's summary omits p99 below 100 responses).
-    command = ["hey", "-z", f"{seconds}s", "-c", str(clients), "-t", "30", "-m", "POST", "-T", "application/json",
-               "-D", str(payload), "-o", "csv", f"http://127.0.0.1:{port}{route}"]
-    passes_before = _passes(port)
-    before_children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    # the server's main thread runs its event loop: HTTP, validation, tokenization, batching, decoding, JSON
-    loop_before = _cpu_seconds(server_pid, server_pid)
-    machine_before = _machine_cpu()
-    server_before, begin = _cpu_seconds(server_pid), time.perf_counter()
-    output = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 120, check=True).stdout
-    # (requests/s counts the 200 responses over the generator's wall time, its warm-up included)
-    wall = time.perf_counter() - begin
-    server_cpu = _cpu_seconds(server_pid) - server_before
-    loop_cpu = _cpu_seconds(server_pid, server_pid) - loop_before
-    steal = _steal_share(machine_before, _machine_cpu())
-    after_children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    generator_cpu = (after_children.ru_utime - before_children.ru_utime) + (after_children.ru_stime -
-                                                                              before_children.ru_stime)
-    cores = os.cpu_count() or 1
-    row: dict[str, Any] = {"clients": clients, "seconds": seconds, "wall_s": round(wall, 2),
-                           "generator_cpu_share": generator_cpu / (wall * cores),
-                           "server_cpu_share": server_cpu / (wall * cores), "steal_share": steal}
-    rows = [line.split(",") for line in output.splitlines()[1:] if line.count(",") >= 7]
-    seconds_each = np.array([float(r[0]) for r in rows if r[6] == "200"])
-    row["requests_per_s"] = len(seconds_each) / wall
-    row["responses"] = len(rows)
-    row["event_loop_cpu_ms_per_request"] = 1000 * loop_cpu / max(len(rows), 1)
-    row["server_cpu_ms_per_request"] = 1000 * server_cpu / max(len(rows), 1)
-    for percentile in (50, 95, 99):
-        row[f"p{percentile}_ms"] = 1000 * float(np.percentile(seconds_each, percentile)) if len(seconds_each) else None
-    row["status"] = {}
-    for r in rows:
-        row["status"][r[6]] = row["status"].get(r[6], 0) + 1
-    passes_after = _passes(port)
-    if passes_before and passes_after and passes_after[1] > passes_before[1]:  # berth only: the peer has no metrics
-        count = passes_after[1] - passes_before[1]
-        row["passes_per_s"] = count / wall
-        row["mean_items_per_pass"] = (passes_after[0] - passes_before[0]) / count
-    return row
-
-
-def _passes(port: int) -> tuple[float, float] | None:
-    """(items, forward passes) so far, from the server's berth_batch_size histogram (all models); None without it."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-            text = response.read().decode()
-    except (OSError, ValueError):
-        return None
-    totals = {"berth_batch_size_sum": 0.0, "berth_batch_size_count": 0.0}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in totals:
-                totals[sample.name] += sample.value
-    return totals["berth_batch_size_sum"], totals["berth_batch_size_count"]
-
-
-def serve_repository(repository: Path, threads: int, work: Path, serve_args: list[str]):
-    port = free_port()
-    command = [sys.executable, "-m", "berth.cli", "serve", "--models", str(repository), "--port", str(port),
-               "--threads", str(threads), "--log-level", "warning", *serve_args]
-    return port, running(command, port, work / f"serve-{repository.name}.log")
 
 
 def naive_peer(checkpoint: Path, task: str, threads: int, work: Path):
@@ -616,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = workloads(load_tokenizer(first.tokenizer_path))
     if args.workloads:
         chosen = {k: v for k, v in chosen.items() if k in args.workloads}
-    result: dict[str, Any] = {"machine": machine_facts(args.threads, LIBRARIES), "generator": _hey_version(),
+    result: dict[str, Any] = {"machine": machine_facts(args.threads, LIBRARIES), "generator": hey_version(),
                               "settings": vars(args) | {"models": {k: str(v) for k, v in repositories.items()}},
                               "load_average_start": list(os.getloadavg()), "workloads": {},
                               "engine": {}, "berth": {}, "naive": {}, "infinity": {}, "complete": False}
@@ -676,10 +552,10 @@ def measure_workload(result: dict[str, Any], args: argparse.Namespace, name: str
     items = request_inputs(bundle, load_tokenizer(bundle.tokenizer_path), load)
     result["workloads"][name] = {"route": route, "model_inputs": len(items), "tokens": [len(i) for i in items],
                                  "body": load["body"]}
-    before = _machine_cpu()
+    before = machine_cpu()
     figures = engine_figures(bundle, items, args.threads, args.rerank_batch_sizes if own else args.batch_sizes,
                              args.engine_seconds)
-    figures["steal_share"] = _steal_share(before, _machine_cpu())
+    figures["steal_share"] = steal_share(before, machine_cpu())
     result["engine"].setdefault(name, {})[precision] = figures
     print(f"engine {precision} {name}: batch-1 {figures['batch1_p50_ms']:.2f} ms, best "
           f"{figures['best_requests_per_s']:.1f} req/s at {figures['best_batch']} requests/batch (one pass "
@@ -746,15 +622,6 @@ def _print_level(system: str, precision: str, name: str, row: dict[str, Any]) ->
           f"{100 * row['generator_cpu_share']:.0f}%, server CPU {100 * row['server_cpu_share']:.0f}%, event loop "
           f"{_f(row.get('event_loop_cpu_ms_per_request'), '.2f')} ms/request, stolen {100 * row['steal_share']:.0f}%, "
           f"{_f(row.get('mean_items_per_pass'))} items per pass", flush=True)
-
-
-def _hey_version() -> str:
-    try:
-        out = subprocess.run(["dpkg-query", "-W", "-f", "${Package} ${Version}", "hey"], capture_output=True,
-                             text=True, timeout=10)
-        return out.stdout.strip() or "hey"
-    except OSError:
-        return "hey"
 
 
 if __name__ == "__main__":

@@ -24,8 +24,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.load_tools import hey
+from bench.local_processes import REPO, cpu_seconds, free_port, running
 from bench.machine import machine_facts
-from bench.service_load import REPO, _cpu_seconds, free_port, hey, running
 
 SENTENCE = "The service answered quickly and the results were exactly what we hoped for."
 
@@ -82,9 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         pinner.start()
         time.sleep(0.5)
         hey(port, args.route, body, args.clients, 2.0, proc.pid, work)
-        total_before, loop_before = _cpu_seconds(proc.pid), _cpu_seconds(proc.pid, proc.pid)
+        total_before, loop_before = cpu_seconds(proc.pid), cpu_seconds(proc.pid, proc.pid)
         row = hey(port, args.route, body, args.clients, args.seconds, proc.pid, work)
-        total, loop = _cpu_seconds(proc.pid) - total_before, _cpu_seconds(proc.pid, proc.pid) - loop_before
+        total, loop = cpu_seconds(proc.pid) - total_before, cpu_seconds(proc.pid, proc.pid) - loop_before
         stop.set()
         pinner.join()
     answered = max(row["responses"], 1)
