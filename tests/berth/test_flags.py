@@ -16,8 +16,8 @@ from service.settings import ServiceSettings
 from training.settings import FinetuneSettings, PretrainSettings, TrainLoopSettings, TrainSettings
 
 # Written out here, not read from berth.cli: what `berth --help` must offer.
-SUBCOMMANDS = ["tokenizer", "pretrain", "finetune", "evaluate", "plot", "export", "sign-bundle", "build-defaults",
-               "serve", "predict"]
+SUBCOMMANDS = ["tokenizer", "pretrain", "finetune", "evaluate", "sweep", "plot", "export", "sign-bundle",
+               "build-defaults", "serve", "predict"]
 
 
 def subparser(name: str) -> argparse.ArgumentParser:
