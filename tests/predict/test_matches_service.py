@@ -83,7 +83,7 @@ def test_pair_regression_stsb_matches_pair(shared_data, http, bundle_repository,
     run_predict(str(bundle_repository / "similarity"), str(source), "--out", str(out), "--text-column", "sentence1",
                 "--pair-column", "sentence2", "--id-column", "index")
     rows = read_output(out)
-    assert [r["id"] for r in rows] == [p["index"] for p in pairs]
+    assert [r["id"] for r in rows] == [int(p["index"]) for p in pairs]  # a TSV column of integers stays integer
     expected = ask(http, "/v1/pair", "similarity",
                    [{"text": p["sentence1"], "text_pair": p["sentence2"]} for p in pairs])
     for i, (row, answer) in enumerate(zip(rows, expected)):
