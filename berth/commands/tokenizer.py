@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from pathlib import Path
 
 
@@ -22,7 +24,9 @@ def run(args: argparse.Namespace) -> int:
     tok = train_wordpiece(files, vocab_size=args.vocab_size, lowercase=not args.cased,
                           min_frequency=args.min_frequency)
     save_tokenizer(tok, args.out, lowercase=not args.cased)
-    print(f"trained a {tok.get_vocab_size()}-token WordPiece vocabulary on {len(files)} files -> {args.out}")
+    print(f"trained a {tok.get_vocab_size()}-token WordPiece vocabulary on {len(files)} files -> {args.out}",
+          file=sys.stderr)
+    print(json.dumps({"out": str(args.out), "vocab_size": tok.get_vocab_size(), "files": len(files)}))
     return 0
 
 
