@@ -257,9 +257,27 @@ def table7(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def evaluation_table(records: list[dict]) -> str:
+    """Runs evaluated on dev while training: the best step against the last, and what evaluating cost."""
+    lines = ["| run record | evaluated every | evaluations (dev examples each) | best step: dev metric | "
+             "last step: dev metric | saved model, all dev examples | evaluating: wall s (share of train + eval) | "
+             "final evaluation s |", "|---|---:|---:|---|---|---|---:|---:|"]
+    for r in records:
+        best = r.get("best") or {}
+        if not best.get("evaluations"):
+            continue
+        metric, scale = best["metric"], 1 if r["_task"].startswith("SQuAD") else 100
+        lines.append(f"| `{r['_name']}` | {r['settings']['eval_every_steps']} steps | {len(best['evaluations'])} "
+                     f"({best['dev_sample_examples']:,}) | {best['step']}: {metric} {scale * best['value']:.1f} | "
+                     f"{best['last_step']}: {metric} {scale * best['last_value']:.1f} | {headline(r)} | "
+                     f"{best['eval_seconds']:.0f} ({100 * best['eval_share_of_wall']:.1f}%) | "
+                     f"{best['final_eval_seconds']:.0f} |")
+    return "\n".join(lines) if len(lines) > 2 else "(no run evaluated while training)"
+
+
 BLOCKS = {"targets": targets_table, "runs": runs_table, "speed": speed_table, "precision": precision_table,
           "padding": padding_table,
-          "pooling": pooling_table, "table7": table7, "sweep": sweep_table}
+          "pooling": pooling_table, "table7": table7, "sweep": sweep_table, "evaluation": evaluation_table}
 
 
 def render(text: str, records: list[dict]) -> str:
