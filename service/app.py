@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from service import request_trace
 from service.compat.errors import HF_PREFIX, TEI_PATHS, error_response_for
 from service.compat.hf import hf
 from service.compat.tei import tei
@@ -60,4 +61,5 @@ def create_app(settings: ServiceSettings | None = None, runtime: Runtime | None 
                        body_read_timeout_s=settings.body_read_timeout_s, retry_after_s=settings.retry_after_s,
                        protected_prefixes=(HF_PREFIX,), protected_paths=TEI_PATHS,
                        error_response_for=error_response_for)
+    request_trace.install(app, access_log=settings.access_log)  # outermost: request ids, access log, tracing
     return app

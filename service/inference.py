@@ -18,6 +18,7 @@ the `Server-Timing` header (milliseconds), so the per-request overhead can be re
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import logging
 import re
@@ -31,6 +32,7 @@ import orjson
 from fastapi import Request, Response
 from pydantic import TypeAdapter, ValidationError
 
+from service import tracing
 from service.errors import ErrorType, ServiceError
 from service.handlers import TaskHandler
 from service.middleware import STARTED_AT
@@ -54,6 +56,12 @@ class Timings:
     wake_s: float = 0.0  # the last forward pass's end -> the request resumes on the event loop
     decode_s: float = 0.0
     serialize_s: float = 0.0
+    # what the access log and the trace's stage spans read (service/request_trace.py, service/tracing.py)
+    inputs: int = 0
+    items: int = 0
+    tokens: int = 0
+    tokenize_at: float = 0.0  # perf_counter() when tokenizing began
+    decode_at: float = 0.0  # perf_counter() when decoding began
 
     def server_timing(self, total_s: float) -> str:
         stages = [("parse", self.parse_s), ("tokenize", self.tokenize_s), ("queue", self.queue_s),
@@ -83,6 +91,7 @@ async def infer(request: Request, handler: TaskHandler, body: Any,
     try:
         async with asyncio.timeout(timeout):
             results, timings, pool = await _compute(model, handler, inputs, body, deadline, runtime, reserved)
+            request.state.berth_timings = timings
             timings.parse_s = started - received
             begin = time.perf_counter()
 
@@ -250,6 +259,7 @@ async def _compute(model: ServedModel, handler: TaskHandler, inputs: list[Any], 
     with model.batcher.incoming() as arrival:  # the batcher may wait up to max_wait for these items, not longer
         prepared = await _maybe_in_thread(pool, prepare)
         timings.tokenize_s = time.perf_counter() - begin
+        timings.tokenize_at = begin
         check_budget(prepared, settings, handler)
         handler.check_prepared(model, prepared, body, settings)
         nbytes = handler.response_bytes(model, prepared, body)
@@ -258,6 +268,8 @@ async def _compute(model: ServedModel, handler: TaskHandler, inputs: list[Any], 
     if pool is None and nbytes > DECODE_IN_THREAD_BYTES:
         pool = runtime.tokenizer_pool
     runtime.metrics.request_inputs.labels(handler.route, model.name).inc(len(inputs))
+    timings.inputs, timings.items = len(inputs), len(futures)
+    timings.tokens = sum(len(item) for p in prepared for item in p.items)
     try:
         item_results = await asyncio.gather(*futures)
     except BaseException:
@@ -274,6 +286,9 @@ async def _compute(model: ServedModel, handler: TaskHandler, inputs: list[Any], 
     begin = time.perf_counter()
     results = await _maybe_in_thread(pool, lambda: handler.finish(model, prepared, outputs, body))
     timings.decode_s = time.perf_counter() - begin
+    timings.decode_at = begin
+    if tracing.ACTIVE:
+        tracing.record_stages(timings, item_results)
     return results, timings, pool
 
 
@@ -288,7 +303,10 @@ def covered_seconds(intervals: Iterable[tuple[float, float]]) -> float:
 
 
 async def _maybe_in_thread(pool: Executor | None, fn: Callable[[], Any]) -> Any:
-    return await asyncio.get_running_loop().run_in_executor(pool, fn) if pool is not None else fn()
+    if pool is None:
+        return fn()
+    # in the request's context, so what the thread logs carries the request's id (service/request_ids.py)
+    return await asyncio.get_running_loop().run_in_executor(pool, contextvars.copy_context().run, fn)
 
 
 async def _cancel_when_gone(receive: Callable[[], Awaitable[dict]], request_task: asyncio.Task) -> None:

@@ -17,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 
 from tasks.inference import PASS_OUTPUT_BYTES
 
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
 ENV_PREFIX = "BERTH_"
 CORES_PER_WORKER = 4  # workers=0: one server process per this many usable cores (docs/SERVICE.md says why)
 
@@ -120,8 +122,11 @@ class ServiceSettings(BaseModel):
     bundle_public_key: Path | None = Field(
         None, description="an Ed25519 public key (PEM, `berth sign-bundle --new-key`): every bundle must carry a "
                           "signature made with its private key, else the server refuses to start")
-    log_json: bool = Field(False, description="one JSON object per log line")
-    log_level: str = Field("info", description="debug | info | warning | error")
+    log_json: bool = Field(False, description="one JSON object per log line (the start-up settings included)")
+    log_level: str = Field("info", description="debug | info | warning | error | critical")
+    access_log: bool = Field(False, description="one log line per request (logger berth.access): method, route, "
+                                                "model, status, inputs, items, tokens, stage seconds, request "
+                                                "id; never the request's text")
     playground: bool = Field(True, description="serve the playground page at / (false: 404, for locked-down "
                                                "deployments)")
 
@@ -193,6 +198,14 @@ class ServiceSettings(BaseModel):
     @classmethod
     def _empty_is_none(cls, value: Any) -> Any:
         return None if value in ("", [], ()) else value
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_log_level(cls, value: str) -> str:
+        level = value.strip().lower()
+        if level not in LOG_LEVELS:
+            raise ValueError(f"{value!r} is not a log level; use one of: {', '.join(LOG_LEVELS)}")
+        return level
 
     @field_validator("api_key")
     @classmethod

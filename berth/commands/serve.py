@@ -12,7 +12,6 @@ serve on one port, each draining so on the signal the parent passes on.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
@@ -47,7 +46,7 @@ GROUPS = {
     "server processes": ["workers"],
     "ONNX Runtime and threads": ["intra_op_threads", "parallel_passes", "tokenizer_threads", "ort_spinning",
                                  "ort_spin_in_pass", "ort_shared_memory", "ort_prepack_weights"],
-    "logs and shutdown": ["log_level", "log_json", "drain_delay_s", "shutdown_timeout_s"],
+    "logs and shutdown": ["log_level", "log_json", "access_log", "drain_delay_s", "shutdown_timeout_s"],
 }
 OPTIONS = {  # --model NAME, repeated (as before), not a comma-separated list
     "model_names": {"action": "append", "metavar": "NAME", "help": "serve only this bundle (repeat for several)"},
@@ -57,27 +56,11 @@ OPTIONS = {  # --model NAME, repeated (as before), not a comma-separated list
 NOT_FLAGS = ["api_key"]  # read from BERTH_API_KEY only, so it never shows in a process listing
 
 
-class JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, Any] = {"time": self.formatTime(record), "level": record.levelname,
-                                 "logger": record.name, "message": record.getMessage()}
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry)
+def configure_logging(level: str, as_json: bool) -> None:
+    """Root logging for berth and uvicorn (service/log_format.py: JSON lines under --log-json, request ids)."""
+    from service.log_format import configure_logging as configure
 
-
-def configure_logging(level: str, as_json: bool) -> dict[str, Any]:
-    """Root logging for berth and uvicorn; returns uvicorn's log_config (None keeps ours)."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if as_json else
-                         logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
-        logging.getLogger(name).handlers[:] = []
-        logging.getLogger(name).propagate = True
-    return {"version": 1, "disable_existing_loggers": False}
+    configure(level, as_json)
 
 
 def settings_from_args(args: argparse.Namespace) -> ServiceSettings:
@@ -95,26 +78,35 @@ log = logging.getLogger("berth.service")
 
 
 def run(args: argparse.Namespace) -> int:
+    from service.log_format import error_line, startup_line
     from service.models import RepositoryError
     from service.runtime import Runtime
+    from service.tracing import TracingError, setup_from_env
     from tasks.cpu import usable_cpus
 
     try:
         settings = settings_from_args(args)
     except ConfigError as error:
-        print(f"berth serve: {error}", file=sys.stderr)
+        print(f"berth serve: {' '.join(str(error).split())}", file=sys.stderr)  # one line, whatever it quotes
         return 2
     # encode_batch's Rust pool: as many threads as the tokenizer workers, not one per host core
     os.environ.setdefault("RAYON_NUM_THREADS", str(settings.tokenizer_threads))
     configure_logging(settings.log_level, settings.log_json)
     workers = settings.worker_count(usable_cpus())
     settings = settings.model_copy(update={"workers": workers})
-    print("berth serve settings: " + json.dumps(settings.describe(), sort_keys=True), file=sys.stderr, flush=True)
+    print(startup_line("berth serve settings", settings.describe(), settings.log_json), file=sys.stderr, flush=True)
+    try:
+        tracing = setup_from_env()  # the OTEL_* variables (service/tracing.py); [] when tracing is off
+    except TracingError as error:
+        print(error_line("berth serve", str(error), settings.log_json), file=sys.stderr)
+        return 2
+    if tracing:
+        log.info("tracing on: spans exported by %s", ", ".join(tracing))
     runtime = Runtime(settings)
     try:
         runtime.discover()
     except RepositoryError as error:
-        print(f"berth serve: {error}", file=sys.stderr)
+        print(error_line("berth serve", str(error), settings.log_json), file=sys.stderr)
         return 2
     if workers == 1:
         return serve(settings, runtime)

@@ -1,0 +1,89 @@
+"""The outermost ASGI layer: every request gets its id (service/request_ids.py), returned in `X-Request-ID` on
+every response (errors included) and carried by every log line written while it runs; with `access_log`, one
+line per request; with tracing on (service/tracing.py), the request's server span.
+
+The access log line (logger `berth.access`, INFO) holds what a request was, never what it said: method, route
+template, model, status, inputs and model items, tokens, tokenize / queue / inference seconds where the request
+reached inference, the total seconds, and the request id (`client_request_id: "refused"` when the client sent one
+that was not safe to use). Never the body, a text, the query string or a header value.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service import request_ids, tracing
+from service.middleware import _match_route
+
+access = logging.getLogger("berth.access")
+
+
+class RequestTrace:
+    def __init__(self, app: ASGIApp, access_log: bool = False):
+        self.app = app
+        self.access_log = access_log
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id, refused = request_ids.from_headers(scope.get("headers", ()))
+        token = request_ids.REQUEST_ID.set(request_id)
+        header = (request_ids.HEADER, request_id.encode("ascii"))
+        status = [500]
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+                message["headers"] = [*message.get("headers", ()), header]
+            await send(message)
+
+        started = time.perf_counter() if self.access_log or tracing.ACTIVE else 0.0
+        span = tracing.start_request(scope, started, request_id) if tracing.ACTIVE else None
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            if started:
+                self._finish(scope, span, started, status[0], refused)
+            request_ids.REQUEST_ID.reset(token)
+
+    def _finish(self, scope: Scope, span: Any, started: float, status: int, refused: bool) -> None:
+        ended = time.perf_counter()
+        route = getattr(scope.get("route"), "path", None) or _match_route(scope)
+        fields = request_fields(scope)
+        if span is not None:
+            tracing.end_request(span[0], span[1], ended, route, status, fields)
+        if self.access_log:
+            line = {"method": scope["method"], "route": route or "unmatched", "model": fields.pop("model", None),
+                    "status": status, **fields, "seconds": round(ended - started, 6)}
+            if refused:
+                line["client_request_id"] = "refused"
+            access.info("request", extra={"fields": line})
+
+
+def request_fields(scope: Scope) -> dict[str, Any]:
+    """What the request path recorded about a request (service/inference.py): model, counts, stage seconds."""
+    state = scope.get("state") or {}
+    fields: dict[str, Any] = {"model": state.get("berth_model")}
+    timings = state.get("berth_timings")
+    if timings is not None:
+        fields.update(inputs=timings.inputs, items=timings.items, tokens=timings.tokens,
+                      tokenize_seconds=round(timings.tokenize_s, 6), queue_seconds=round(timings.queue_s, 6),
+                      inference_seconds=round(timings.inference_s, 6))
+    return fields
+
+
+def install(app: Any, access_log: bool) -> None:
+    """Wrap the whole of `app`'s middleware stack (Starlette's error middleware included, so a 500 it answers
+    carries the id too) in RequestTrace."""
+    tracing.setup_from_env()  # once per process; TracingError when the OTEL_* variables ask for the impossible
+    build = app.build_middleware_stack
+
+    def build_with_trace() -> ASGIApp:
+        return RequestTrace(build(), access_log=access_log)
+
+    app.build_middleware_stack = build_with_trace
