@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import time
 from pathlib import Path
@@ -74,7 +75,9 @@ def default_pooling(base: Path) -> str:
 
 def run_finetune(settings: FinetuneSettings) -> dict[str, float]:
     """Train, evaluate, save. Returns the dev metrics of the saved model (empty without a dev file): with
-    eval_every_steps, the best evaluation's checkpoint, scored again on the whole dev file."""
+    eval_every_steps, the best evaluation's checkpoint, scored again on the whole dev file. Under torchrun
+    every process trains; rank 0 alone (where the evaluations ran) evaluates and writes the folder, the
+    others return {}."""
     import torch
 
     from tasks.classification import REGRESSION
@@ -142,6 +145,8 @@ def run_finetune(settings: FinetuneSettings) -> dict[str, float]:
         started = time.time()
         result = train(model, dataset, collate, train_settings, evaluate=evaluate, callbacks=callbacks + run_trackers)
         train_minutes = (time.time() - started) / 60
+        if int(os.environ.get("RANK", "0")) != 0:  # torchrun: rank 0 alone evaluates and writes the folder
+            return {}
         if best is not None and best.step is not None and best.step != result.steps:
             log.info("the best %s on the dev sample was at step %d (%.4f), not the last (%d): keeping step %d",
                      metric, best.step, best.value, result.steps, best.step)
