@@ -17,6 +17,15 @@ uvicorn's httptools protocol (what `berth serve` runs: `uvicorn[standard]` bring
   `limit_concurrency` counts connections and tasks together, answers plain text, and only once the
   head is complete, so a slow-loris still holds its socket: not used.)
 
+- a write deadline and a cap on bytes queued to slow readers: an answer the client does not read stays in the
+  connection's write buffer (uvicorn writes a body whole). When the buffer passes asyncio's high-water mark,
+  the connection must drain it below the low mark within `write_timeout_s`, else it is aborted (its buffer
+  freed at once); and while the buffers of all such stalled connections hold more than
+  `max_queued_response_bytes`, a connection that stalls is aborted at once. Both are counted in
+  berth_connections_closed_total (write_timeout, write_queue_full);
+- parser errors (a malformed request line or header) get the JSON error shape with 400, not uvicorn's plain
+  text, and the connection is closed.
+
 Idle keep-alive connections are uvicorn's own `timeout_keep_alive` (`keep_alive_timeout_s`), armed after
 each response. The /v1 limits (body reads, requests in progress) are the request guard's
 (service/middleware.py).
@@ -68,11 +77,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     `connection_protocol` sets the class attributes from the settings."""
 
     header_timeout_s: float = 10.0
+    write_timeout_s: float = 30.0
+    max_queued_response_bytes: int = 256 * 1024 * 1024
     max_connections: int = 1024
     retry_after_s: int = 1
     metrics: Metrics | None = None  # berth_open_connections, berth_connections_closed_total
     _last_refusal_log = 0.0  # class-wide: at most one warning about refused connections per 10 s
     _refusals_unlogged = 0
+    _stalled: set[GuardedHttpToolsProtocol] = set()  # class-wide: connections whose client reads too slowly
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -81,6 +93,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_bytes = 0  # of the head being received
         self._heads = 0  # heads completed on this connection
         self._refused: bytearray | None = None  # beyond the cap: what arrived of the head, to answer 503
+        self._write_timer: asyncio.TimerHandle | None = None  # armed while the write buffer is over its high mark
 
     # -- asyncio protocol
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -101,18 +114,67 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         waiting, heads = self._head_pending, self._heads
         if waiting:
             self._arm()  # the first byte of a head (or stray bytes between requests) starts the deadline
+            end = data.find(b"\r\n\r\n")
+            if end >= 0 and self._head_bytes + end + 4 > MAX_HEAD_BYTES:  # a whole large head in one read
+                self._head_too_large()
+                return
         super().data_received(data)
         if waiting and self._head_pending and self._heads == heads and not self.transport.is_closing():
             self._head_bytes += len(data)  # all of `data` was head (no body in it, no head completed)
             if self._head_bytes > MAX_HEAD_BYTES:
-                self._disarm()
-                self._count_closed("head_too_large")
-                self.transport.write(raw_error(431, "Request Header Fields Too Large", ErrorType.TOO_LARGE,
-                                               f"request head larger than {MAX_HEAD_BYTES} bytes"))
-                self.transport.close()
+                self._head_too_large()
+
+    def _head_too_large(self) -> None:
+        self._disarm()
+        self._count_closed("head_too_large")
+        self.transport.write(raw_error(431, "Request Header Fields Too Large", ErrorType.TOO_LARGE,
+                                       f"request head larger than {MAX_HEAD_BYTES} bytes"))
+        self.transport.close()
+
+    def send_400_response(self, msg: str) -> None:  # uvicorn: the parser refused the bytes
+        if self.transport.is_closing():
+            return
+        self._disarm()
+        self.transport.write(raw_error(400, "Bad Request", ErrorType.VALIDATION,
+                                       "malformed HTTP request (request line or headers)"))
+        self.transport.close()
+
+    # -- slow readers: asyncio's flow control calls these around the transport's high / low water marks
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        cls = GuardedHttpToolsProtocol
+        queued = sum(c.transport.get_write_buffer_size() for c in cls._stalled | {self})
+        if queued > self.max_queued_response_bytes:
+            self._abort_writer("write_queue_full")
+            return
+        cls._stalled.add(self)
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(self.write_timeout_s, self._abort_writer, "write_timeout")
+
+    def resume_writing(self) -> None:
+        self._unstall()
+        super().resume_writing()
+
+    def _unstall(self) -> None:
+        GuardedHttpToolsProtocol._stalled.discard(self)
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _abort_writer(self, reason: str) -> None:
+        self._write_timer = None
+        self._unstall()
+        if not self.transport.is_closing() or self.transport.get_write_buffer_size():
+            self._count_closed(reason)
+            log.warning("connection closed: its client read %s (%d bytes unsent)",
+                        "nothing within write_timeout_s" if reason == "write_timeout"
+                        else "too slowly while max_queued_response_bytes were queued to slow readers",
+                        self.transport.get_write_buffer_size())
+            self.transport.abort()  # drops the unsent bytes now; close() would wait for the client to read them
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._unstall()
         if self._refused is not None:
             return  # never joined uvicorn's connections
         if self.metrics is not None:
@@ -190,6 +252,8 @@ def connection_protocol(settings: ServiceSettings, metrics: Metrics | None = Non
     `metrics`."""
     return type("BerthHttpProtocol", (GuardedHttpToolsProtocol,), {
         "header_timeout_s": settings.header_timeout_s,
+        "write_timeout_s": settings.write_timeout_s,
+        "max_queued_response_bytes": settings.max_queued_response_bytes,
         "max_connections": settings.max_connections,
         "retry_after_s": settings.retry_after_s,
         "metrics": metrics,

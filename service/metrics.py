@@ -28,7 +28,8 @@ REJECT_REASONS = ("queue_full", "not_accepting", "too_large")  # an item refused
 CANARY_KINDS = ("probe", "confirm")  # on a timer while the model is not ready | after a pass whose every item failed
 CANARY_OUTCOMES = ("passed", "failed")
 FAILURE_KINDS = ("timeout", "error", "nonfinite")  # why a pass counted against the model (service/batcher.py)
-CLOSE_REASONS = ("header_timeout", "over_limit", "head_too_large")  # connections the server closed itself
+# connections the server closed itself
+CLOSE_REASONS = ("header_timeout", "over_limit", "head_too_large", "write_timeout", "write_queue_full")
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 MULTIPROCESS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus-client's, read when it is imported
@@ -122,7 +123,8 @@ class Metrics:
         self.connections_closed = Counter(
             "berth_connections_closed", "Connections the server closed itself, by reason: header_timeout (no "
             "complete request head within header_timeout_s), over_limit (beyond max_connections, after a 503), "
-            "head_too_large (431)", ["reason"], registry=r)
+            "head_too_large (431), write_timeout (a client that did not read its answer within write_timeout_s), "
+            "write_queue_full (beyond max_queued_response_bytes unsent to slow readers)", ["reason"], registry=r)
         for reason in CLOSE_REASONS:
             self.connections_closed.labels(reason)
 

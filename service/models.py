@@ -32,6 +32,7 @@ from tasks.bundle import (
     TOKENIZER_FILE,
     Bundle,
     BundleError,
+    check_label_count,
     external_data_locations,
     find_bundles,
     load_bundle,
@@ -68,6 +69,9 @@ class OnnxEngine:
                                                      spin_between_runs=spin_between_runs)
         self.input_names = [node.name for node in self.session.get_inputs()]
         self.output_names = list(definition(bundle.task).output_names)
+        # The graph itself, not only its manifest: a format-1 manifest (no digest) may list labels it does not have.
+        check_label_count(bundle, {o.name: list(o.shape) for o in self.session.get_outputs()},
+                          f"bundle {bundle.path.name} (model.onnx)")
         self.io_binding = self.provider == CUDA
 
     @staticmethod
@@ -140,11 +144,21 @@ class ServedModel:
             "ready": self.ready and (self.batcher is None or self.batcher.healthy),  # loaded, and not failing
             "examples": self.bundle.examples,
             "below_quality_floor": self.below_quality_floor,
+            "batch_invariance": _invariance_summary(self.bundle.batch_invariance),
         }
 
     @property
     def below_quality_floor(self) -> bool:
         return bool(self.bundle.quality.get("below_floor", False))
+
+
+def _invariance_summary(figures: dict[str, Any]) -> dict[str, Any] | None:
+    """What export's batch-invariance gate measured (None: a bundle exported before the gate existed)."""
+    if not figures:
+        return None
+    keys = ("max_abs_diff", "changed_answers", "changed_answers_per_1000", "examples", "batch_sizes",
+            "batch_dependent", "threshold")
+    return {key: figures.get(key) for key in keys}
 
 
 def discover(settings: ServiceSettings) -> list[Bundle]:

@@ -27,7 +27,8 @@ class EmbeddingsRequest(BaseModel):
                                               "of ids or a list of such lists (each wrapped in [CLS] ... [SEP])")
     model: str | None = Field(None, description="bundle name (see GET /v1/models); default: the first embedding model")
     encoding_format: Literal["float", "base64"] = Field("float", description="base64: little-endian float32 bytes")
-    dimensions: int | None = Field(None, ge=1, description="must equal the model's size when given (no shortening)")
+    dimensions: int | None = Field(None, strict=True, ge=1,
+                                   description="must equal the model's size when given (no shortening)")
     user: str | None = Field(None, description="accepted and ignored")
 
     truncate: bool = Field(False, description="cut an input longer than the model's max_seq_length (the result says "

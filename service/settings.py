@@ -88,6 +88,12 @@ class ServiceSettings(BaseModel):
                                 "beyond, the connection is closed")
     keep_alive_timeout_s: float = Field(
         5.0, gt=0, description="seconds an idle keep-alive connection stays open")
+    write_timeout_s: float = Field(
+        30.0, gt=0, description="seconds a client that stopped reading may hold an answer it has not read (more than "
+                                "64 KiB unsent); beyond, the connection is aborted and its unsent bytes freed")
+    max_queued_response_bytes: int = Field(
+        256 * 1024 * 1024, ge=1024, description="unsent answer bytes held for clients that stopped reading, all "
+                                                "connections together; a connection that stalls beyond is aborted")
     max_connections: int = Field(
         1024, ge=1, description="open connections at once; a connection beyond is answered 503 and closed")
     max_response_bytes: int = Field(
@@ -219,6 +225,10 @@ class ServiceSettings(BaseModel):
         if any(ch.isspace() or not ch.isprintable() for ch in key):
             raise ValueError("BERTH_API_KEY contains whitespace or control characters inside it; an HTTP header "
                              "cannot carry them, so no client could send it")
+        if not key.isascii():
+            raise ValueError("BERTH_API_KEY contains non-ASCII characters: HTTP clients disagree on how to send them "
+                             "in a header (Latin-1 or UTF-8), so some clients could never match it; use printable "
+                             "ASCII (e.g. `openssl rand -hex 32`)")
         return SecretStr(key)
 
     @model_validator(mode="after")

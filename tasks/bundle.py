@@ -105,6 +105,8 @@ class Bundle(BaseModel):
     optimization: dict[str, Any] = Field(default_factory=dict)
     # build-defaults' dev-metric floor check: metric, floor, value, below_floor, rounds
     quality: dict[str, Any] = Field(default_factory=dict)
+    # export's batch-invariance gate (export/invariance.py): max |Δ| alone vs in a batch, changed answers
+    batch_invariance: dict[str, Any] = Field(default_factory=dict)
     # manifest key "model_config" (hidden size, heads, layers, vocab); `model_config` is pydantic's own name
     encoder_config: dict[str, Any] = Field(default_factory=dict, alias="model_config")
     # example `inputs` of the task's route (the playground offers them); optional
@@ -558,10 +560,25 @@ def _check_consistency(bundle: Bundle, manifest_path: Path) -> None:
         )
     if task.needs_labels(bundle.problem_type) and not bundle.labels:
         raise BundleError(f"{manifest_path}: task {bundle.task!r} needs labels (problem_type {bundle.problem_type!r})")
+    check_label_count(bundle, {tensor.name: tensor.shape for tensor in bundle.outputs}, f"{manifest_path} (outputs)")
     try:
         check_examples(bundle.task, bundle.examples)
     except BundleError as error:
         raise BundleError(f"{manifest_path}: {error}") from None
+
+
+def check_label_count(bundle: Bundle, output_shapes: dict[str, list[Any]], where: str) -> None:
+    """Raise BundleError when the labels do not match the width of the graph's `logits` (its last axis, where the
+    graph states it): decoding would fail on every request. `output_shapes`: the manifest's outputs, or the
+    loaded session's (ONNX Runtime's `get_outputs()`), whichever the caller has."""
+    shape = output_shapes.get("logits")
+    if not bundle.labels or not shape or not isinstance(shape[-1], int) or not definition(bundle.task).needs_labels(
+            bundle.problem_type):
+        return
+    if shape[-1] != len(bundle.labels):
+        raise BundleError(f"{where}: the graph's logits have {shape[-1]} values a row but the manifest lists "
+                          f"{len(bundle.labels)} labels ({', '.join(bundle.labels[:8])}"
+                          f"{', ...' if len(bundle.labels) > 8 else ''}); re-export the bundle")
 
 
 def check_examples(task: str, examples: list[Any]) -> None:

@@ -90,7 +90,8 @@ def decode_classification(
 # -- the task definitions ------------------------------------------------------------------------------
 
 class ClassifyOptions(BaseModel):
-    top_k: int | None = Field(None, ge=1, le=1000, description="return the k best labels, ranked, per input")
+    top_k: int | None = Field(None, strict=True, ge=1, le=1000,
+                              description="return the k best labels, ranked, per input")
     truncate: bool = Field(True, description="cut inputs longer than the model's max_seq_length (the result says "
                                              "\"truncated\": true); false: such an input is refused with 413")
 

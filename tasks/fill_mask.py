@@ -75,7 +75,7 @@ def top_indices(scores: np.ndarray, k: int) -> np.ndarray:
 
 
 class FillMaskOptions(BaseModel):
-    top_k: int = Field(5, ge=1, le=100, description="candidate tokens per [MASK]")
+    top_k: int = Field(5, strict=True, ge=1, le=100, description="candidate tokens per [MASK]")
 
 
 class NoMask(Refusal):

@@ -438,8 +438,9 @@ N_BEST_SIZE = 20  # candidate spans kept per question (at least top_k)
 
 
 class QAOptions(BaseModel):
-    top_k: int = Field(1, ge=1, le=20, description="answers per question; above 1 each result is a ranked list")
-    max_answer_length: int = Field(30, ge=1, le=512, description="longest answer, in tokens; at most the "
+    top_k: int = Field(1, strict=True, ge=1, le=20,
+                       description="answers per question; above 1 each result is a ranked list")
+    max_answer_length: int = Field(30, strict=True, ge=1, le=512, description="longest answer, in tokens; at most the "
                                                                   "server's max_answer_length_cap (default 64)")
     handle_impossible: bool | None = Field(
         None, description="allow the empty answer (is_impossible); default: whether the model was trained on "

@@ -50,11 +50,13 @@ class RerankInput(BaseModel):
 class RerankOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    top_n: int | None = Field(None, ge=1, description="return the n most relevant documents per query; default: all")
+    top_n: int | None = Field(None, strict=True, ge=1,
+                              description="return the n most relevant documents per query; default: all")
     return_documents: bool = Field(False, description="each result also carries its document's text")
     max_tokens_per_doc: int | None = Field(
-        None, ge=1, description="cut every document to this many tokens first (the result says \"truncated\": "
-                                "true); default: no cut, a long document is read in overlapping windows")
+        None, strict=True, ge=1,
+        description="cut every document to this many tokens first (the result says \"truncated\": "
+                    "true); default: no cut, a long document is read in overlapping windows")
 
 
 class QueryTooLong(InputTooLong):

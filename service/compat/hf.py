@@ -77,7 +77,7 @@ class EmbedParameters(Strict):
     prompt_name: str | None = None
     truncate: bool | None = None
     truncation_direction: Direction | None = None
-    dimensions: int | None = Field(None, ge=1)
+    dimensions: int | None = Field(None, strict=True, ge=1)
     encoding_format: Literal["float"] | None = None
 
 
@@ -111,7 +111,7 @@ class SentenceSimilarity(Strict):
 
 
 class ClassifyParameters(Strict):
-    top_k: int | None = Field(None, ge=1, le=1000)
+    top_k: int | None = Field(None, strict=True, ge=1, le=1000)
     function_to_apply: ScoreFunction | None = None
     truncate: bool | None = None
 
@@ -140,9 +140,9 @@ class TokenClassification(Strict):
 
 
 class QAParameters(Strict):
-    top_k: int | None = Field(None, ge=1, le=20)
+    top_k: int | None = Field(None, strict=True, ge=1, le=20)
     handle_impossible_answer: bool | None = None
-    max_answer_len: int | None = Field(None, ge=1, le=512)
+    max_answer_len: int | None = Field(None, strict=True, ge=1, le=512)
     align_to_words: bool | None = None
     doc_stride: int | None = None
     max_question_len: int | None = None
@@ -161,7 +161,7 @@ class QuestionAnswering(Strict):
 
 
 class FillParameters(Strict):
-    top_k: int | None = Field(None, ge=1, le=100)
+    top_k: int | None = Field(None, strict=True, ge=1, le=100)
     targets: list[str] | None = None
 
 
