@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import onnxruntime
 
-from export import calibration, onnx_export, optimize, parity
+from export import calibration, invariance, onnx_export, optimize, parity
 from export.precision import DEFAULT_RECIPE, RECIPES, to_fp16, to_int8
 from tasks.bundle import (
     FORMAT_VERSION,
@@ -61,6 +61,7 @@ def export_bundle(
     dev_file: str | Path | None = None,
     metric_examples: int | None = None,
     signing_key: str | Path | None = None,
+    allow_batch_dependent: bool = False,
 ) -> Bundle:
     """Export the fine-tuned `checkpoint` folder as a bundle in `out` (replaced if it exists).
 
@@ -82,6 +83,10 @@ def export_bundle(
       calibrated on `calibration_file` (default: the checkpoint's training file).
     - `signing_key`: an Ed25519 private key (PEM, as `berth sign-bundle --new-key` writes) to sign the
       bundle with (`tasks.bundle.sign_bundle`); read before the export starts, so a bad key fails at once.
+    - The batch-invariance gate (`export.invariance`): each parity input alone and among random neighbours, on
+      the CPU session; figures in the manifest's `batch_invariance`. Over its bound the export fails with
+      `invariance.InvarianceError`, unless `allow_batch_dependent`: the bundle is then marked
+      `batch_invariance.batch_dependent: true` (shown by GET /v1/models).
     Raises `parity.ParityError` when the ONNX model disagrees with PyTorch beyond the threshold.
     """
     import torch
@@ -143,6 +148,7 @@ def export_bundle(
         output_names = definition(spec.task).output_names
         reference = torch_runner(model, output_names)
         reports = []
+        invariant: dict[str, Any] | None = None
         for provider in _providers_to_validate(precision, prefer_gpu):
             session, used = create_session(model_path, precision, threads or 0, prefer_gpu=provider == CUDA)
             items = sum(len(e.features) for e in examples)
@@ -156,6 +162,9 @@ def export_bundle(
                 report = _with_metric_gate(report, spec, tokenizer, dev_file, model, session, metric_examples)
             log.info("%s", parity.format_report(report))
             reports.append(report)
+            if used == CPU:  # what a batching server or `berth predict` runs on the CPU
+                invariant = _invariance_gate(spec, examples, onnx_runner(session, output_names), used,
+                                             allow_batch_dependent)
         parity_figures = {**reports[0], "providers": [r["provider"] for r in reports]}
         if len(reports) > 1:
             parity_figures["by_provider"] = reports
@@ -163,6 +172,8 @@ def export_bundle(
         inputs, outputs = onnx_export.graph_io(model_path)
         manifest = _manifest(spec, config, precision, opset, inputs, outputs, checkpoint, parity_figures,
                              optimization, validated=[r["provider"] for r in reports], out_name=out.name)
+        if invariant is not None:
+            manifest["batch_invariance"] = invariant
         if example_inputs:
             manifest["examples"] = example_inputs
         manifest = portable_paths(manifest, [data_dir, Path.cwd()])  # no path of this machine in the bundle
@@ -199,6 +210,18 @@ def _with_metric_gate(report: dict[str, Any], spec, tokenizer, dev_file: Path | 
     if not report["passed"]:
         raise parity.ParityError(report)
     return report
+
+
+def _invariance_gate(spec, examples, runner, provider: str, allow_batch_dependent: bool) -> dict[str, Any]:
+    """The batch-invariance figures for the manifest; raise `InvarianceError` over the bound unless allowed."""
+    report = {**invariance.batch_invariance(spec, examples, runner), "provider": provider}
+    log.info("%s", invariance.format_invariance(report))
+    if not report["passed"]:
+        if not allow_batch_dependent:
+            raise invariance.InvarianceError(report)
+        log.warning("the bundle is marked batch-dependent, as asked: an input's answer moves with its batch "
+                    "neighbours by up to %.3g", report["max_abs_diff"])
+    return {**report, "batch_dependent": not report["passed"]}
 
 
 def finetune_files(checkpoint: Path) -> dict[str, Path]:

@@ -66,12 +66,17 @@ class Int8Recipe:
     activation_symmetric: bool = False
     op_types: tuple[str, ...] | None = ("MatMul", "Attention")  # None: ORT's default list (Gather included)
     word_embeddings: str = "fp32"  # or "uint8": GatherBlockQuantized on 8-bit codes (export/embedding_quant.py)
+    # dynamic only: "tensor" (ORT's one scale per batch tensor: an item's answer moves with its batch neighbours)
+    # or "row" (one scale per token row, export/rowwise_quant.py: the same answer alone or in any batch)
+    activation_scales: str = "tensor"
 
     def describe(self) -> dict[str, Any]:
         return {"mode": "static QDQ" if self.static else "dynamic", "weight_type": self.weight_type,
                 "per_channel": True, "reduce_range": self.reduce_range, "fp32_matmuls": list(self.keep_fp32),
                 "op_types": list(self.op_types) if self.op_types else "onnxruntime default",
                 "word_embeddings": self.word_embeddings,
+                **({} if self.static else {"activation_scales": "per row (token)" if self.activation_scales == "row"
+                                           else "per batch tensor"}),
                 **({"calibrate_method": self.calibrate_method} if self.static else {})}
 
 
@@ -96,6 +101,12 @@ RECIPES = {
     # The same, with the word-embedding table in 8 bits too (-31.8 MiB a MiniLM bundle, in memory as on disk).
     "dynamic-keep-early-ffn-emb8": Int8Recipe(keep_fp32=EARLY_FFN, word_embeddings="uint8"),
     "dynamic-keep-ffn-emb8": Int8Recipe(keep_fp32=("head", "ffn_in", "ffn_out"), word_embeddings="uint8"),
+    "static-keep-early-ffn-emb8": Int8Recipe(static=True, keep_fp32=EARLY_FFN, word_embeddings="uint8"),
+    # One activation scale per token row (export/rowwise_quant.py): batch-invariant, and finer than one per tensor.
+    "rowwise-keep-early-ffn-emb8": Int8Recipe(keep_fp32=EARLY_FFN, word_embeddings="uint8", activation_scales="row"),
+    "rowwise-keep-ffn-emb8": Int8Recipe(keep_fp32=("head", "ffn_in", "ffn_out"), word_embeddings="uint8",
+                                        activation_scales="row"),
+    "rowwise-keep-head-emb8": Int8Recipe(keep_fp32=("head",), word_embeddings="uint8", activation_scales="row"),
 }
 # Chosen by measurement (docs/ENGINE.md §3): on an AVX2 CPU dynamic ranges beat calibrated static ones. s8 weights keep
 # reduce_range everywhere: a bundle exported on a VNNI machine may be served on one without. The word embeddings in
@@ -157,6 +168,10 @@ def to_int8(
             _quantize_static(source, target, chosen, calibration_feeds or [])
         else:
             _quantize_dynamic(source, target, chosen, exclude=_kept_nodes(source, chosen.keep_fp32))
+            if chosen.activation_scales == "row":
+                from export.rowwise_quant import rowwise_activations
+
+                rowwise_activations(target, target)
     if chosen.word_embeddings == "uint8":
         from export.embedding_quant import quantize_word_embeddings
 
