@@ -8,7 +8,7 @@ Layout of the sweep folder OUT:
 - trials/<id>/: one fine-tuning output folder per trial (id `c03-seed43`: cell 3, seed 43) with its
   trial.json, written atomically once the trial has finished (ok or failed). A trial with a trial.json is
   never run again; one killed mid-way re-runs in its folder, where the training loop resumes from its own
-  training state (saved every --save-every-steps steps) when there is one.
+  training state (saved every --save-every-steps steps, 100 unless given).
 - best/: the winner's model folder (hard links where the file system allows), kept up to date as trials
   finish; the other trials' weights are deleted as soon as they are beaten, unless `keep_trials`.
 - sweep.json: every trial (its settings, seed, dev metrics, minutes, status), the winner, per cell the
@@ -49,6 +49,9 @@ TRIALS_DIR = "trials"
 BEST_DIR = "best"
 # What stays of a beaten trial's folder: its records, not its weights.
 KEPT_WHEN_PRUNED = {TRIAL_FILE, "finetune_run.json", "berth_task.json", "metrics.jsonl", "config.yaml", "metrics.png"}
+# A trial saves its resumable training state this often unless told otherwise, so that a kill costs at
+# most this many steps of it.
+SAVE_EVERY_STEPS = 100
 # Settings a continued sweep may change: how a trial runs, not what it computes.
 RUNTIME_ONLY = {"num_threads", "progress_bar", "device", "num_workers", "save_every_steps", "keep_last_states"}
 EPOCHS_NOTE = "each epochs value is a run of its own (its own linear decay to 0), not a point of a longer run"
@@ -78,7 +81,8 @@ class SweepPlan:
         return [(cell, seed) for seed in self.seeds for cell in range(len(self.cells))]
 
     def settings(self, cell: int, seed: int) -> FinetuneSettings:
-        return FinetuneSettings(**{**self.base, **self.cells[cell], "seed": seed,
+        saving = {} if self.base.get("save_every_steps") else {"save_every_steps": SAVE_EVERY_STEPS}
+        return FinetuneSettings(**{**saving, **self.base, **self.cells[cell], "seed": seed,
                                    "out": self.out / TRIALS_DIR / trial_id(cell, seed)})
 
     def identity(self) -> dict[str, Any]:
@@ -199,7 +203,13 @@ def _run_facts(folder: Path) -> dict[str, Any]:
         return {}
     run = json.loads(path.read_text(encoding="utf-8"))
     result = run.get("train_result") or {}
-    return {"final_loss": result.get("final_loss"), "steps": result.get("steps"),
+    chosen = {}
+    task_file = folder / "berth_task.json"
+    if task_file.is_file():  # SQuAD v2: the no-answer threshold the run chose on dev
+        spec = json.loads(task_file.read_text(encoding="utf-8"))
+        if spec.get("version_2_with_negative"):
+            chosen["no_answer_threshold"] = spec.get("null_score_diff_threshold")
+    return {**chosen, "final_loss": result.get("final_loss"), "steps": result.get("steps"),
             "train_minutes": run.get("train_minutes"), "stopped_by": result.get("stopped_by"),
             "precision": run.get("precision"), "threads": (run.get("speed") or {}).get("threads")}
 
@@ -362,11 +372,21 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
+def best_of_seeds(settings: FinetuneSettings, seeds: list[int], out: Path, metric: str | None = None) -> dict:
+    """The paper's restarts for one recipe: a one-cell sweep, one run per seed, the best on dev kept as
+    OUT/best. Returns the sweep record (sweep.json)."""
+    base = settings.model_dump(mode="json", exclude={"seed"})
+    base["out"] = str(out)
+    plan = SweepPlan(base=base, grid={}, cells=[{}], seeds=list(seeds), metric=metric)
+    return run_sweep(plan)
+
+
 def export_winner(plan: SweepPlan, bundle: Path, precision: str = "fp32") -> dict[str, Any]:
     """`berth export OUT/best --out BUNDLE`, gated as usual; its output goes to stderr."""
     import subprocess
 
     command = [sys.executable, "-m", "berth.cli", "export", str(plan.out / BEST_DIR), "--out", str(bundle),
                "--precision", precision, "--force"]
-    done = subprocess.run(command, stdout=sys.stderr, check=False)
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    sys.stderr.write(done.stdout + done.stderr)  # stdout stays the sweep's one JSON document
     return {"bundle": str(bundle), "precision": precision, "exit_code": done.returncode}

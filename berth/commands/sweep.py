@@ -33,8 +33,12 @@ Each epochs value is a run of its own (its own linear decay), not a point of a l
 
 OUT holds sweep.json (every trial, per-cell mean/std/min/max over restarts, the winner), best/ (the
 winner's model folder) and trials/<id>/ (each trial's records; weights only for the winner unless
---keep-trials). Kill it and run the same command again: finished trials are not re-run. Pass
---save-every-steps N so that a trial killed mid-way resumes from its own training state.
+--keep-trials). Kill it and run the same command again: finished trials are not re-run, and a trial
+killed mid-way resumes from its own training state (saved every 100 steps unless --save-every-steps).
+SQuAD v2: each run chooses its no-answer threshold on dev (recorded per trial).
+Restarts: seed s shuffles the data and initialises the head; with --max-train-examples it also draws the
+training sample, so the restarts differ in data too. For the paper's restarts (same data), give a fixed
+subset file instead.
 stdout carries one JSON document (the winner); progress goes to stderr.
 """
 

@@ -33,7 +33,7 @@ def tiny_base(tmp_path_factory) -> Path:
 
     torch.manual_seed(0)
     config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=64)
+                        intermediate_size=64, max_position_embeddings=512)
     folder = tmp_path_factory.mktemp("tiny-base")
     save_pretrained(BertModel(config), folder, tokenizer_from=default_base_path())
     return folder
@@ -338,3 +338,28 @@ def test_a_loss_is_selected_lowest():
     cells = [{"x": i} for i in range(3)]
     assert select_winner(trials, "loss", greater=False)["id"] == "t1"
     assert best_cell_by_mean(cell_statistics(trials, cells, "loss", greater=False), greater=False)["cell"] == 1
+
+
+def test_the_winner_exported_to_a_bundle(uninterrupted, capsys, tiny_base, tmp_path):
+    bundle = tmp_path / "bundle"
+    code, document, _ = run_cli(capsys, sweep_args(tiny_base, uninterrupted, *GRID, "--export", str(bundle)))
+    assert code == 0 and document["export"]["exit_code"] == 0
+    manifest = json.loads((bundle / "bundle.json").read_text())
+    record = json.loads((uninterrupted / "sweep.json").read_text())
+    assert manifest["source"]["dev_metrics"]["accuracy"] == record["winner"]["value"]
+
+
+def test_best_of_seeds_is_a_one_cell_sweep(tmp_path, tiny_base):
+    from training.finetune import FinetuneSettings
+    from training.sweep import best_of_seeds
+
+    settings = FinetuneSettings(task="classification", train_file=SAMPLES / "train.jsonl",
+                                dev_file=SAMPLES / "dev.jsonl", out=tmp_path / "unused", base=str(tiny_base),
+                                max_train_examples=64, max_eval_examples=64, max_seq_length=32, max_steps=16,
+                                batch_size=8, pooling="mean", learning_rate=3e-3, num_threads=2, precision="fp32")
+    record = best_of_seeds(settings, [42, 43], tmp_path / "seeds")
+    accuracies = trial_metrics_from_folders(tmp_path / "seeds")
+    assert sorted(accuracies) == ["c00-seed42", "c00-seed43"]
+    best = max(accuracies.values())
+    assert record["winner"]["value"] == best and accuracies[record["winner"]["id"]] == best
+    assert record["cells"][0]["ok"] == 2 and (tmp_path / "seeds" / "best" / "model.safetensors").is_file()
