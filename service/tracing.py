@@ -12,8 +12,9 @@ starting a new trace):
 
     POST /v1/classify      the request, from its arrival to its last byte (server span)
       tokenize             its inputs becoming model items
-      queue                the longest wait of one of its items for its forward pass
-      inference            each forward pass its items rode in (a pass may carry other requests' items too)
+      queue                from its items' arrival at the batcher until the last of them was taken into a batch
+      inference            each forward pass its items rode in (a pass may carry other requests' items too; the
+                           passes of one take run one after another, so a later pass starts after the queue span)
       decode               its items' outputs becoming results
 
 The stage spans are written when the request has its results, from the times the request path measures anyway
@@ -174,13 +175,13 @@ def end_request(span: Any, token: Any, ended: float, route: str | None, status: 
 
 def record_stages(timings: Any, results: Sequence[Any]) -> None:
     """The stage spans of the current request from its timings (service/inference.py `Timings`) and its items'
-    `ItemResult`s: tokenize, queue (its longest-waiting item), inference (each distinct pass), decode."""
+    `ItemResult`s: tokenize, queue (its items are handed to the batcher as tokenizing ends, and the longest wait
+    was `queue_s`), inference (each distinct pass), decode."""
     _interval("tokenize", timings.tokenize_at, timings.tokenize_at + timings.tokenize_s,
               {"berth.items": timings.items, "berth.tokens": timings.tokens})
     if results:
-        longest = max(results, key=lambda r: r.queue_seconds)
-        pass_start = longest.finished_at - longest.inference_seconds
-        _interval("queue", pass_start - longest.queue_seconds, pass_start)
+        submitted = timings.tokenize_at + timings.tokenize_s  # then only the budget checks, microseconds
+        _interval("queue", submitted, submitted + timings.queue_s)
         passes: dict[int, list[Any]] = {}
         for r in results:
             passes.setdefault(r.run_id, [r, 0])[1] += 1

@@ -212,6 +212,11 @@ def traced(bundle_repository):
 
     app.add_api_route("/test/logs", logs_in_a_request)
 
+    async def fails() -> dict:  # an unexpected error: Starlette's outermost error middleware answers the 500
+        raise RuntimeError("a bug")
+
+    app.add_api_route("/test/fails", fails)
+
     class Keep(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
             logged.append(record)
@@ -308,6 +313,28 @@ def test_errors_are_traced_too(traced):
     time.sleep(0.1)
     [request] = exporter.get_finished_spans()
     assert request.name == "POST /v1/classify" and request.attributes["http.response.status_code"] == 422
+
+
+def test_an_unexpected_500_carries_the_id_and_its_traceback_line_too(traced):
+    url, exporter, logged = traced
+    logged.clear()
+    handler = logging.Handler()
+    seen: list[logging.LogRecord] = []
+    handler.emit = seen.append
+    from service.request_ids import RequestIdFilter
+
+    handler.addFilter(RequestIdFilter())
+    logging.getLogger("berth.service").addHandler(handler)
+    try:
+        response = httpx.get(url + "/test/fails", headers={"X-Request-ID": "will-fail"})
+    finally:
+        logging.getLogger("berth.service").removeHandler(handler)
+    assert response.status_code == 500 and response.headers["x-request-id"] == "will-fail"
+    assert response.json()["error_type"] == "internal"
+    assert [r.request_id for r in seen if r.exc_info] == ["will-fail"]  # the logged traceback names the request
+    time.sleep(0.1)
+    [access] = [r for r in logged if r.getMessage() == "request"]
+    assert access.request_id == "will-fail" and access.fields["status"] == 500
 
 
 def test_every_log_line_of_a_request_carries_its_id(traced):
