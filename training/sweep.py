@@ -298,7 +298,7 @@ def summarize(plan: SweepPlan, done: dict[str, dict], stopped_by: str | None) ->
         "counts": counts,
         "minutes": round(sum(t.get("minutes", 0) for t in trials), 3),
         "sweep_minutes": plan.sweep_minutes,
-        "stopped_by": stopped_by or ("complete" if counts["not_run"] == 0 else "interrupted"),
+        "stopped_by": stopped_by or ("complete" if counts["not_run"] == 0 else "incomplete"),
         "winner": winner,
         "best_folder": BEST_DIR if winner else None,
         "best_cell_by_mean": sweep_stats.best_cell_by_mean(cells, greater),

@@ -2,12 +2,16 @@
 restart, failures), the winner, and the cell with the best mean. Generated, never typed.
 
     python -m training.sweep_report OUT/sweep.json [--scale 100]
+    python -m training.sweep_report RECORD.json --into docs/RESULTS.md --block NAME  # rewrite one block
+
+`--into` replaces the text between `<!-- generated:NAME -->` and `<!-- /generated:NAME -->` and nothing else.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +53,16 @@ def markdown(record: dict[str, Any], scale: float = 100.0) -> str:
     if by_mean:
         settings = ", ".join(f"{k} {_setting(v)}" for k, v in by_mean["settings"].items()) or "the one cell"
         lines.append(f"Best mean over restarts: {settings} ({_number(by_mean['mean'], scale)}).")
+    lines += ["", "| trial | " + " | ".join(keys) + f" | seed | status | dev {metric} | minutes |",
+              "|---|" + "---:|" * (len(keys) + 4)]
+    for trial in record["trials"]:
+        settings = [_setting(trial["settings"].get(key, "")) for key in keys] if record["grid"] else ["–"]
+        value = (trial.get("dev_metrics") or {}).get(metric)
+        status = trial["status"] + (f": {trial['error']}" if trial.get("error") else "")
+        minutes = f"{trial['minutes']:.1f}" if "minutes" in trial else "–"
+        lines.append(f"| `{trial['id']}` | " + " | ".join(settings) + f" | {trial['seed']} | {status} | "
+                     f"{_number(value, scale) if isinstance(value, int | float) else '–'} | {minutes} |")
+    lines.append("")
     counts = record["counts"]
     lines.append(f"Trials: {counts['ok']} ok, {counts['failed']} failed, {counts['not_run']} not run; "
                  f"{record['minutes']:.1f} trial-minutes; stopped: {record['stopped_by']}.")
@@ -59,9 +73,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("record", type=Path, help="a sweep.json, or the sweep folder holding it")
     parser.add_argument("--scale", type=float, default=100.0, help="multiply metrics by this (default: %(default)s)")
+    parser.add_argument("--into", type=Path, help="a Markdown file whose --block to rewrite with the table")
+    parser.add_argument("--block", help="the name of the generated block in --into")
     args = parser.parse_args(argv)
     path = args.record / "sweep.json" if args.record.is_dir() else args.record
-    print(markdown(json.loads(path.read_text(encoding="utf-8")), args.scale), end="")
+    table = markdown(json.loads(path.read_text(encoding="utf-8")), args.scale)
+    if not args.into:
+        print(table, end="")
+        return 0
+    text = args.into.read_text(encoding="utf-8")
+    name = re.escape(args.block)
+    pattern = re.compile(rf"(<!-- generated:{name} -->\n).*?(<!-- /generated:{name} -->)", re.S)
+    if not pattern.search(text):
+        raise SystemExit(f"{args.into}: no <!-- generated:{args.block} --> block")
+    args.into.write_text(pattern.sub(lambda m: m.group(1) + table + m.group(2), text), encoding="utf-8")
     return 0
 
 
