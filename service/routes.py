@@ -99,6 +99,8 @@ async def readyz(runtime: RuntimeDep) -> JSONResponse:
                         headers={"Retry-After": str(runtime.settings.retry_after_s)})
 
 
-@probes.get("/metrics", summary="Prometheus metrics")
+@probes.get("/metrics", summary="Prometheus metrics", response_class=Response,
+            responses={200: {"content": {CONTENT_TYPE: {"schema": {"type": "string"}}},
+                             "description": "the Prometheus text exposition format"}})
 async def metrics(runtime: RuntimeDep) -> Response:
     return Response(runtime.metrics.exposition(), media_type=CONTENT_TYPE)

@@ -231,6 +231,21 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 
 # The response schemas the task definitions' endpoints name (tasks/definition.py `Endpoint.response`).
+# The compatibility routes' statuses, in the same error body.
+TEI_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **{status: ERROR_RESPONSES[status] for status in (413, 429, 503, 504)},
+    400: {"model": ErrorBody, "description": "the body is not JSON, or an input the route cannot take (TEI's "
+                                             "Validation errors)"},
+    422: {"model": ErrorBody, "description": "invalid body (TEI's Validation errors)"},
+    424: {"model": ErrorBody, "description": "no model of this route's kind is served, or an option the model cannot "
+                                             "do (TEI's Backend errors); the message names the setting"},
+}
+HF_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **{status: ERROR_RESPONSES[status] for status in (400, 401, 413, 422, 429, 503, 504)},
+    404: {"model": ErrorBody, "description": "no model of this name is served"},
+}
+
+
 RESPONSES: dict[str, type[BaseModel]] = {model.__name__: model for model in (
     ClassifyResponse, NERResponse, QAResponse, EmbedResponse, EmbeddingsResponse, SimilarityResponse,
     FillMaskResponse, ChoiceResponse, RerankResponse)}

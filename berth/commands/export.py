@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"berth export: {settings.out} already holds a bundle; use --force to replace it")
 
     from export.bundle_builder import export_bundle
+    from export.invariance import InvarianceError
     from export.onnx_export import ExportError
     from export.parity import ParityError
     from tasks.bundle import BundleError
@@ -63,8 +64,13 @@ def run(args: argparse.Namespace) -> int:
             min_agreement=settings.min_agreement, threads=settings.threads, prefer_gpu=prefer_gpu,
             pooling=settings.pooling,
             int8_recipe=settings.int8_recipe, calibration_file=settings.calibration_data, dev_file=settings.dev_data,
-            metric_examples=settings.metric_examples,
+            metric_examples=settings.metric_examples, allow_batch_dependent=settings.allow_batch_dependent,
         )
+    except InvarianceError as error:
+        print(f"berth export: refused, an input's outputs depend on its batch neighbours:\n{error}\n(an int8 recipe "
+              "with per-row activation scales is batch-invariant; --allow-batch-dependent ships it marked)",
+              file=sys.stderr)
+        return 1
     except ParityError as error:
         print(f"berth export: refused, the ONNX model does not match PyTorch:\n{error}", file=sys.stderr)
         return 1
@@ -105,7 +111,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                 "precision and graph": ["precision", "int8_recipe", "calibration_data", "optimize", "device",
                                         "threads"],
                 "parity and metric gates": ["data_dir", "parity_examples", "min_agreement", "dev_data",
-                                            "metric_examples"]},
+                                            "metric_examples", "allow_batch_dependent"]},
         options={"model_folder": {"positional": True},
                  "int8_recipe": {"choices": sorted(RECIPES), "metavar": "RECIPE",
                                  "help": ExportSettings.model_fields["int8_recipe"].description + "; one of: "

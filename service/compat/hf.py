@@ -54,12 +54,13 @@ from service.errors import ErrorType, ServiceError
 from service.handlers import TaskHandler, handler_for
 from service.inference import infer
 from service.runtime import Runtime
+from service.schemas import HF_ERROR_RESPONSES
 from tasks.bundle import Bundle
 from tasks.ner import window_overlap
 from tasks.registry import definition
 
 ROUTE = "/models/{name}"
-hf = APIRouter(tags=["Hugging Face Inference API"])
+hf = APIRouter(tags=["Hugging Face Inference API"], responses=HF_ERROR_RESPONSES)
 
 
 

@@ -43,9 +43,10 @@ from service.compat.shared import (
 )
 from service.errors import ErrorType, ServiceError, response_for
 from service.handlers import RankingHandler, TaskHandler, handler_for
-from service.inference import check_inputs, check_response, infer
+from service.inference import Reservation, check_inputs, check_response, infer
 from service.models import ServedModel
 from service.runtime import Runtime
+from service.schemas import TEI_ERROR_RESPONSES
 from service.token_ids import TokenIds, as_inputs
 from tasks.common import InputFailed, sigmoid
 from tasks.definition import Prepared
@@ -69,7 +70,7 @@ class TEIRoute(APIRoute):
         return tei_handler
 
 
-tei = APIRouter(tags=["text-embeddings-inference"], route_class=TEIRoute)
+tei = APIRouter(tags=["text-embeddings-inference"], route_class=TEIRoute, responses=TEI_ERROR_RESPONSES)
 
 # -- which model each route serves ------------------------------------------------------------------------------
 
@@ -352,12 +353,25 @@ def byte_offsets(text: str) -> Sequence[int]:
     return np.concatenate(([0], np.cumsum([len(ch.encode("utf-8", "surrogatepass")) for ch in text]))).tolist()
 
 
-def tokens_of(tokenizer: Any, texts: list[str], add_special_tokens: bool) -> list[list[dict[str, Any]]]:
+# JSON bytes of one /tokenize token besides its text: {"id":..,"text":"","special":false,"start":..,"stop":..},
+TOKEN_JSON_BYTES = 72
+
+
+def tokens_json_bytes(texts: list[str], encodings: Sequence[Any]) -> int:
+    """An estimate of /tokenize's answer: a fixed cost per token and each token's text (a text's characters)."""
+    tokens = sum(len(encoding.ids) + 2 for encoding in encodings)
+    return tokens * TOKEN_JSON_BYTES + sum(len(text.encode("utf-8", "surrogatepass")) for text in texts)
+
+
+def tokens_of(tokenizer: Any, texts: list[str], add_special_tokens: bool,
+              encodings: Sequence[Any] | None = None) -> list[list[dict[str, Any]]]:
     """Each text's tokens as the model is given them ([CLS] text [SEP], the specials without offsets)."""
     cls, sep = ({"id": tokenizer.token_to_id(t), "text": t, "special": True, "start": None, "stop": None}
                 for t in (CLS, SEP))
     answers = []
-    for text, encoding in zip(texts, tokenizer.encode_batch(texts, add_special_tokens=False)):
+    if encodings is None:
+        encodings = tokenizer.encode_batch(texts, add_special_tokens=False)
+    for text, encoding in zip(texts, encodings):
         at = byte_offsets(text)
         tokens = [{"id": i, "text": text[start:end], "special": False, "start": at[start], "stop": at[end]}
                   for i, (start, end) in zip(encoding.ids, encoding.offsets)]
@@ -386,9 +400,23 @@ async def tei_tokenize(body: TokenizeBody, request: Request) -> Response:
     refuse_prompt_name(body.prompt_name)
     texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
     check_inputs(texts, TEXTS, runtime.settings)
-    tokens = await off_the_loop(runtime, sum(map(len, texts)),
-                                lambda: tokens_of(model.tokenizer, texts, body.add_special_tokens))
-    return answer(request, tokens)
+    chars = sum(map(len, texts))
+    encodings = await off_the_loop(runtime, chars,
+                                   lambda: model.tokenizer.encode_batch(texts, add_special_tokens=False))
+    # The answer counts against max_response_bytes and, while it is built, max_inflight_response_bytes (413 / 429),
+    # and is built, checked against its schema and serialized off the event loop when the request is large.
+    reserved = Reservation(runtime)
+    try:
+        reserved.take(tokens_json_bytes(texts, encodings))
+
+        def serialized() -> bytes:
+            payload = tokens_of(model.tokenizer, texts, body.add_special_tokens, encodings)
+            check_response(request, payload)
+            return orjson.dumps(payload)
+
+        return Response(await off_the_loop(runtime, chars, serialized), media_type="application/json")
+    finally:
+        reserved.release()
 
 
 class DecodeBody(Strict):

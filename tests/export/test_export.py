@@ -156,13 +156,15 @@ def test_int8_is_quantized_cpu_only_and_its_figures_recorded(finetuned, reposito
     assert bundle.execution_providers == ["CPUExecutionProvider"]
     assert bundle.providers_validated == ["CPUExecutionProvider"]
     ops = {node.op_type for node in onnx.load(str(bundle.model_path)).graph.node}
-    assert "DynamicQuantizeLinear" in ops or "DynamicQuantizeMatMul" in ops or "MatMulInteger" in ops
+    assert "MatMulInteger" in ops and "DynamicQuantizeLinear" not in ops  # per-row scales replace the per-tensor op
     # The encoder's MatMul weights (6 layers x (4 x 384^2 + 2 x 384 x 1536) = 10.6M of 22.7M parameters)
     # shrink 4x, except the first two layers' FFN (2.4M) kept in fp32: 3 bytes x 8.3M saved of ~91 MB; the word
     # embeddings (11.7M) to one byte and a scale and zero point per 32 values: 33.3 MB less. About 36% is left.
     fp32_size = load_bundle(repository / "classification-fp32").files["model.onnx"].bytes
     assert fp32_size * 0.33 < bundle.files["model.onnx"].bytes < fp32_size * 0.39
-    assert bundle.optimization["int8"]["recipe"] == "dynamic-keep-early-ffn-emb8"
+    assert bundle.optimization["int8"]["recipe"] == "rowwise-keep-early-ffn-emb8"
+    assert bundle.optimization["int8"]["activation_scales"] == "per row (token)"
+    assert bundle.batch_invariance["max_abs_diff"] <= 1e-3 and not bundle.batch_invariance["batch_dependent"]
     assert bundle.optimization["int8"]["word_embeddings"] == "uint8"
     assert bundle.optimization["int8"]["calibration"] is None  # dynamic: nothing to calibrate
     figures = bundle.parity

@@ -165,3 +165,34 @@ def test_clients_that_never_read_their_answer_are_aborted_and_counted(bundle_rep
         assert again.status_code == 200
     finally:
         proc.stop()
+
+
+def test_tokenize_answers_count_against_the_answer_size_limit(bundle_repository, tmp_path):
+    texts = [" ".join(f"harbour{i % 97}" for i in range(10_000))[:100_000]] * 2  # 2 x 100,000 characters
+    proc = ServerProcess(bundle_repository, tmp_path / "tokenize.log", args=["--model", "embeddings"],
+                         env={"BERTH_MAX_RESPONSE_BYTES": str(1024 * 1024)})
+    try:
+        proc.wait_ready()
+        refused = httpx.post(proc.url + "/tokenize", json={"inputs": texts}, timeout=120)
+        assert refused.status_code == 413 and "max_response_bytes" in refused.text, refused.text[:300]
+        small = httpx.post(proc.url + "/tokenize", json={"inputs": "the harbour"}, timeout=60)
+        assert small.status_code == 200 and [t["text"] for t in small.json()[0][1:-1]] == ["the", "harbour"]
+    finally:
+        proc.stop()
+    proc = ServerProcess(bundle_repository, tmp_path / "tokenize-default.log", args=["--model", "embeddings"])
+    try:
+        proc.wait_ready()
+        whole = httpx.post(proc.url + "/tokenize", json={"inputs": texts}, timeout=120)
+        assert whole.status_code == 200 and len(whole.content) > 4 * 1024 * 1024  # what the 1 MiB limit refused
+    finally:
+        proc.stop()
+
+
+def test_the_openapi_document_lists_the_statuses_the_routes_return(server_no_auth):
+    document = httpx.get(server_no_auth.url + "/openapi.json", timeout=30).json()
+    paths = document["paths"]
+    for route in ("/embed", "/predict", "/rerank", "/tokenize"):
+        assert {"400", "422", "424"} <= set(paths[route]["post"]["responses"]), route
+    assert "404" in paths["/models/{name}"]["post"]["responses"]
+    metrics = httpx.get(server_no_auth.url + "/metrics", timeout=30)
+    assert metrics.headers["content-type"] in paths["/metrics"]["get"]["responses"]["200"]["content"]
