@@ -3,6 +3,7 @@ PYTHON ?= python3.11
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+RUN_STAMP := $(VENV)/.installed-run
 
 MODELS ?= models
 HOST   ?= 127.0.0.1
@@ -21,10 +22,18 @@ help:
 	@echo "make bundles  only build the default bundles into $(MODELS)/ (what docker/compose.yaml mounts)"
 	@echo "make demo-check  ask the server on $(HOST):$(PORT) the hand-written demo items and score the answers"
 
-$(STAMP): pyproject.toml
+# What running needs (make run): training, export and the service. torch first, as the CPU wheel: the train
+# extra's torch range would otherwise admit a multi-GB CUDA build.
+$(RUN_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[train,serve,test]'
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[train,serve]'
+	touch $(RUN_STAMP)
+
+# The tests also need berth predict, the trackers and the reference implementations.
+$(STAMP): $(RUN_STAMP)
+	$(BIN)/pip install -q -e '.[train,serve,predict,track,test]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -58,10 +67,10 @@ lint: $(STAMP)
 # The main job: build the default bundles if absent (at most 20 minutes on 2 idle CPU cores), then serve.
 run: bundles serve
 
-bundles: $(STAMP)
+bundles: $(RUN_STAMP)
 	$(BIN)/berth build-defaults --out $(MODELS)
 
-serve: $(STAMP)
+serve: $(RUN_STAMP)
 	$(BIN)/berth serve --models $(MODELS) --host $(HOST) --port $(PORT)
 
 # Against a running server (`make run` in another terminal): QA, NER and pair items written by hand.

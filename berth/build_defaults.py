@@ -27,9 +27,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.progress import Progress
+from tasks.shipped_samples import SAMPLES
 
-REPO = Path(__file__).resolve().parents[1]
-SAMPLES = REPO / "data" / "samples"
 EXAMPLES = SAMPLES / "examples.json"  # model name -> example inputs written into its bundle (the playground's)
 RECORD_FILE = "build_record.json"  # in --work: per-model minutes (wall and CPU), dev metrics, floors, machine
 log = logging.getLogger("berth.build_defaults")

@@ -32,6 +32,7 @@ from tasks.definition import ItemOutputs, Prepared
 from tasks.embedding import EMBEDDING_MIN_COSINE
 from tasks.inference import ItemRunner, Runner, iter_batches, offline_shape
 from tasks.registry import definition
+from tasks.shipped_samples import SAMPLES
 from tasks.spec import TaskSpec
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ MAX_METRIC_DROP = 0.5  # points (of a metric in %)
 REGRESSION_TOLERANCE = 0.10
 
 REPO = Path(__file__).resolve().parents[1]
-SAMPLES = REPO / "data" / "samples"
+
 
 class ParityError(RuntimeError):
     """The ONNX model disagrees with PyTorch beyond the precision's threshold; `report` has the figures."""
