@@ -173,7 +173,10 @@ def serve(settings: ServiceSettings, runtime: Any, sockets: list[Any] | None = N
     server = Server(config)
     server.run(sockets=sockets)
     if runtime.phase is Phase.FAILED:
-        print(f"berth serve: loading the models failed: {runtime.failure}", file=sys.stderr)
+        from service.log_format import error_line
+
+        print(error_line("berth serve", f"loading the models failed: {runtime.failure}", settings.log_json),
+              file=sys.stderr)
         return 1
     return 0 if server.started else 3
 

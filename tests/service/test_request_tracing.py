@@ -412,3 +412,24 @@ def test_otlp_http_export_reaches_a_receiver(bundle_repository, tmp_path):
     finally:
         server.stop()
         receiver.shutdown()
+
+
+def test_a_failed_start_under_log_json_is_json_too(bundle_repository, tmp_path):
+    """A bundle whose file no longer matches its manifest's sha256: berth serve refuses it, and under --log-json
+    every line it wrote, the refusal included, is a JSON object."""
+    import os
+    import shutil
+
+    repository = tmp_path / "repository"
+    shutil.copytree(bundle_repository / "sentiment", repository / "sentiment")
+    tokenizer = repository / "sentiment" / "tokenizer.json"
+    tokenizer.write_text(tokenizer.read_text(encoding="utf-8") + " ", encoding="utf-8")
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("BERTH_", "OTEL_"))}
+    done = subprocess.run([sys.executable, "-m", "berth.cli", "serve", "--models", str(repository), "--log-json",
+                           "--port", str(free_port())], cwd=REPO, env={**environ, **BASE_ENV},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode in (1, 2), done.stderr[-2000:]
+    lines = [json.loads(line) for line in done.stderr.splitlines() if line.strip()]
+    assert lines[0]["message"] == "berth serve settings"
+    assert lines[-1]["level"] == "ERROR" and lines[-1]["message"].startswith("berth serve: ")
+    assert "sha256" in lines[-1]["message"] or "tokenizer.json" in lines[-1]["message"], lines[-1]
