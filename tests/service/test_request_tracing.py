@@ -433,3 +433,16 @@ def test_a_failed_start_under_log_json_is_json_too(bundle_repository, tmp_path):
     assert lines[0]["message"] == "berth serve settings"
     assert lines[-1]["level"] == "ERROR" and lines[-1]["message"].startswith("berth serve: ")
     assert "sha256" in lines[-1]["message"] or "tokenizer.json" in lines[-1]["message"], lines[-1]
+
+
+def test_tracing_off_loads_no_opentelemetry(tmp_path):
+    """Without OTEL_* variables the app is built without OpenTelemetry's SDK (FastAPI itself may import the API)."""
+    import os
+
+    code = ("import sys; from service.app import create_app; from service.settings import ServiceSettings; "
+            "from service import tracing; create_app(ServiceSettings(models=sys.argv[1])); "
+            "print(tracing.ACTIVE, any(m.startswith('opentelemetry.sdk') for m in sys.modules))")
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("BERTH_", "OTEL_"))}
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, env=environ, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
