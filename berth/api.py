@@ -14,7 +14,8 @@ torch. The answer is the route's JSON as Python values (lists, dicts, floats), s
 task with the route's whole response body (e.g. `/v1/embeddings` in OpenAI's shape, `/v1/similarity`).
 
 The service's per-request limits (inputs per request, characters, tokens) do not apply: a list of any length
-is tokenized and run in batches. What the route refuses for what an input *is* (an empty text, a fill-mask
+is tokenized and run in batches. Caps on options (`max_answer_length_cap`, `max_masks_per_input`) are the
+service's defaults. What the route refuses for what an input *is* (an empty text, a fill-mask
 text without [MASK], an option out of range) raises `RequestError`, with the route's status and message.
 
 `finetune(...)` and `export(...)` take the fields of `berth finetune` / `berth export`'s settings as keyword
