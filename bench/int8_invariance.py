@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -34,7 +35,8 @@ METRIC_EXAMPLES = {"classification": 750, "pair": 125, "ner": 300, "qa": 150}
 PARITY_EXAMPLES = {"classification": 96, "pair": 96, "ner": 64, "qa": 32}
 
 
-def measure_model(folder: Path, recipes: tuple[str, ...], threads: int, rounds: int) -> dict[str, Any]:
+def measure_model(folder: Path, recipes: tuple[str, ...], threads: int, rounds: int,
+                  metric_examples: int | None = None, parity_examples: int | None = None) -> dict[str, Any]:
     import torch
 
     from export import calibration, invariance, parity
@@ -53,9 +55,10 @@ def measure_model(folder: Path, recipes: tuple[str, ...], threads: int, rounds: 
     tokenizer = load_tokenizer(folder)
     files = finetune_files(folder)
     task = definition(spec.task)
-    examples, source = parity.parity_slice(spec, tokenizer, parity.default_data_dir(), PARITY_EXAMPLES[spec.task])
+    examples, source = parity.parity_slice(spec, tokenizer, parity.default_data_dir(),
+                                           parity_examples or PARITY_EXAMPLES[spec.task])
     adapter = calibration.adapter(spec, tokenizer, files["dev_file"])
-    dev = adapter.read(files["dev_file"], limit=METRIC_EXAMPLES[spec.task], seed=None)
+    dev = adapter.read(files["dev_file"], limit=metric_examples or METRIC_EXAMPLES[spec.task], seed=None)
     reference, _ = adapter.evaluate(torch_item_runner(model), dev, spec)
     metric_name, scale = task.headline_metric(reference)
     record: dict[str, Any] = {"model": folder.name, "task": spec.task, "metric": metric_name,
@@ -113,16 +116,20 @@ def measure_model(folder: Path, recipes: tuple[str, ...], threads: int, rounds: 
     return record
 
 
-def markdown(path: Path) -> str:
-    data = json.loads(path.read_text(encoding="utf-8"))
-    machine = data["machine"]
-    lines = [f"{machine.get('cpu_model')}, {data['threads']} thread(s), flags: "
-             f"{', '.join(f for f in machine.get('cpu_flags', []) if 'avx512' in f or f in ('avx2', 'amx_int8'))}",
-             "",
+def markdown(paths: list[Path]) -> str:
+    records = [json.loads(path.read_text(encoding="utf-8")) for path in paths]
+    lines = []
+    for path, data in zip(paths, records):
+        machine = data["machine"]
+        flags = [f for f in machine.get("cpu_flags", []) if "avx512" in f or f in ("avx2", "amx_int8")]
+        lines.append(f"- `{path.name}`: {machine.get('cpu_model')}, {data['threads']} thread(s), load average "
+                     f"{machine.get('load_average', ['?'])[0]:.1f} at the start, flags {', '.join(flags)}; "
+                     f"`{data['command']}`")
+    lines += ["",
              "| model | graph | max \\|Δ\\| alone vs batched | changed answers / 1,000 | metric (dev examples) | "
              "PyTorch | graph | Δ points | ms 1 alone (× fp32, × current int8) | ms 32 together (× fp32, × current) |",
              "|---|---|---:|---:|---|---:|---:|---:|---|---|"]
-    for model in data["models"]:
+    for model in (model for data in records for model in data["models"]):
         for name, figures in model["recipes"].items():
             speed = [model["speed"][shape][name] for shape in ("1 alone", "32 together")]
             lines.append(
@@ -139,18 +146,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recipes", nargs="+", default=list(RECIPES), help="the first is 'current int8'")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--metric-examples", type=int, help="dev examples scored (default by task)")
+    parser.add_argument("--parity-examples", type=int, help="inputs of the invariance measure (default by task)")
     parser.add_argument("--out", type=Path, default=Path("bench/results/int8_invariance.json"))
-    parser.add_argument("--markdown", type=Path, help="print the docs table of this record and exit")
+    parser.add_argument("--markdown", type=Path, nargs="+", help="print the docs table of these records and exit")
     args = parser.parse_args(argv)
     if args.markdown:
         print(markdown(args.markdown))
         return 0
-    models = [measure_model(folder, tuple(args.recipes), args.threads, args.rounds) for folder in args.folders]
+    models = [measure_model(folder, tuple(args.recipes), args.threads, args.rounds, args.metric_examples,
+                            args.parity_examples) for folder in args.folders]
     record = {"machine": machine_facts(args.threads), "threads": args.threads, "rounds": args.rounds,
-              "command": "python -m bench.int8_invariance " + " ".join(map(str, args.folders)), "models": models}
+              "command": "python -m bench.int8_invariance " + " ".join(map(str, argv if argv is not None
+                                                                            else sys.argv[1:])),
+              "models": models}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=1), encoding="utf-8")
-    print(markdown(args.out))
+    print(markdown([args.out]))
     return 0
 
 
