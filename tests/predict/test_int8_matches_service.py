@@ -65,3 +65,12 @@ def test_entity_spans_of_a_file_are_the_api_spans_of_each_row_alone(shared_data,
         spans = [(e["start"], e["end"], e["entity"]) for e in row["entities"]]
         assert spans == [(e["start"], e["end"], e["entity"]) for e in answer], f"row {i}"
         assert_same([e["score"] for e in row["entities"]], [e["score"] for e in answer], f"row {i}")
+
+
+def test_the_models_listing_shows_each_bundles_batch_invariance(int8_server):
+    listing = httpx.get(int8_server.url + "/v1/models", timeout=30).json()
+    models = {m["name"]: m for m in (listing["models"] if isinstance(listing, dict) else listing)}
+    for name in ("sentiment", "entities"):
+        figures = models[name]["batch_invariance"]
+        assert figures["batch_dependent"] is False and figures["max_abs_diff"] <= 1e-3, figures
+        assert figures["batch_sizes"] == [8, 32] and figures["examples"] == 16
