@@ -15,6 +15,8 @@
   kernels can saturate their int16 intermediate sums, so s8 weights get a 7-bit range
   (`reduce_range`); u8 x u8 avoids it.
   Sensitive MatMuls (the task head, the last layer's FFN output) can stay in fp32 (`keep_fp32`).
+  Activation scales are per token row in the `rowwise-*` recipes (export/rowwise_quant.py; the default): an
+  input's answer is then the same alone or in any batch, which ORT's one scale per batch tensor does not give.
   `word_embeddings="uint8"` also stores the word-embedding table as 8-bit codes with a scale and zero point per
   block of a row, looked up by ORT's GatherBlockQuantized (export/embedding_quant.py): the MatMul-only recipes
   otherwise leave that 45 MiB fp32 table (MiniLM) in every int8 bundle. Applied before the parity and metric
