@@ -1,4 +1,4 @@
-"""`berth serve --workers N`: N server processes answering on one port.
+"""The `--workers N` supervisor: N server processes answering on one port (`berth serve --workers N`).
 
 The parent binds the listening socket once and starts N workers (multiprocessing's spawn: each a fresh
 interpreter, no ONNX Runtime thread or lock inherited from a fork), each serving on its own copy of that
@@ -74,8 +74,7 @@ def supervise(settings: ServiceSettings, workers: int,
     board = WorkerBoard(workers, models, context)
     sock = bind(settings.host, settings.port)
     log.info("%d server processes on http://%s:%d", workers, settings.host, sock.getsockname()[1])
-    processes = [context.Process(target=target, args=(settings, sock, board, index),
-    name=f"berth-worker-{index}")
+    processes = [context.Process(target=target, args=(settings, sock, board, index), name=f"berth-worker-{index}")
                  for index in range(workers)]
     stopping = False
 
