@@ -142,11 +142,12 @@ def build_plan(args: argparse.Namespace):
 
 
 def run_sweep_command(args: argparse.Namespace) -> int:
-    from training.sweep import SweepError, export_winner, run_sweep
+    from training.sweep import SweepError, export_winner, open_sweep, run_sweep
 
     try:
         plan = build_plan(args)
-    except UsageError as error:
+        open_sweep(plan)  # OUT holds this sweep or none
+    except (UsageError, SweepError) as error:
         print(f"berth sweep: {error}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,

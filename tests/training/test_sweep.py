@@ -226,7 +226,7 @@ def test_a_finished_sweep_run_again_reruns_nothing(uninterrupted, capsys, tiny_b
 
 def test_another_sweep_in_the_same_folder_is_refused(uninterrupted, capsys, tiny_base):
     code, _, err = run_cli(capsys, sweep_args(tiny_base, uninterrupted, "--grid", "lr=5e-4", "--restarts", "2"))
-    assert code == 2 and "holds another sweep (different cells, grid)" in err
+    assert code == 2 and err.count("\n") == 1 and "holds another sweep (different cells, grid)" in err
 
 
 def test_sigkill_mid_sweep_then_the_same_command_finishes_every_trial_once(uninterrupted, tiny_base, tmp_path):
