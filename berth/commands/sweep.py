@@ -62,8 +62,8 @@ def add_parser(subparsers) -> None:
     sweep.add_argument("--restarts", type=int, default=None,
                        help="runs per cell with seeds --seed, --seed+1, ... (default 1)")
     sweep.add_argument("--metric", default=None,
-                       help="dev metric to select on, higher is better (default: the task's: accuracy, F1, "
-                            "Pearson, SQuAD F1, MRR@10)")
+                       help="dev metric to select on, higher is better but for losses and errors (default: "
+                            "--metric-for-best if given, else the task's: accuracy, F1, Pearson, SQuAD F1, MRR@10)")
     sweep.add_argument("--sweep-minutes", type=float, default=None,
                        help="no new trial once the trials used this many minutes (counted across resumes); "
                             "--max-minutes is each trial's own budget")
