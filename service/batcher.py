@@ -1,5 +1,5 @@
 """Dynamic batching for one model: the asyncio scheduler between a bounded queue of *items* and the worker threads
-that run its forward passes, and the model's health.
+that run its forward passes, and the canary passes that tell the model's health.
 
 An item is one model input (a text, a pair, a QA or NER window); the items taken from the queue at once (a *take*)
 run as one batch per padded width through the one inference path (tasks/inference.py) that training's dev metrics
@@ -39,17 +39,9 @@ An item too long for the model or for the token budget is refused at admission (
 queue can stall it.
 
 Health. The model is judged per *planned pass* (one padded batch as the event loop planned it, however often it
-was retried by halves); an item that fails gets ItemFailed (500) either way, and what counts toward
-`max_consecutive_failures` is:
-
-    the watchdog stopped it (ran past pass_timeout_s)  counts, at once; its items fail (PassTimedOut), no retry
-    some items computed, others failed (raised even    does not count: the computed ones show the model works, so
-      alone, or NaN/inf outputs)                       the failing inputs are at fault; the count restarts at 0
-    every item failed (one item or many)               a canary pass confirms it right away, in the same worker:
-                                                       it counts only if the canary fails too; a canary that
-                                                       passes restarts the count (the inputs were at fault)
-    every item computed                                the count restarts at 0
-
+was retried by halves) by service/model_health.py, which holds the rule of what counts toward
+`max_consecutive_failures` (a timeout counts at once; failing inputs beside computed ones do not; a pass whose
+every item failed counts only if a canary pass fails too); an item that fails gets ItemFailed (500) either way.
 So no input, however often sent, takes a working model out of rotation, and a broken model (its canary fails
 too) is out after max_consecutive_failures passes; a model too slow for pass_timeout_s is out as well. The
 *canary* is one item of the model's smallest warm-up shape ([CLS] [UNK]... [SEP], `canary`; without warm-up the
@@ -70,7 +62,6 @@ import asyncio
 import functools
 import logging
 import math
-import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -94,13 +85,10 @@ from service.batch_executor import Computed, Outcome, Padded, PassExecutor, pad_
 from service.batch_queue import Item, ItemQueue
 from service.cpu import ComputeSlots
 from service.metrics import Metrics
+from service.model_health import FAILURE_TEXT, Change, ModelHealth, Transition
 from tasks.inference import BatchShape, Keep, ModelItem, Runner
 
 log = logging.getLogger("berth.service.batcher")
-
-FAILURE_TEXT = {"timeout": "a forward pass ran past pass_timeout_s", "error": "a forward pass raised an error",
-                "nonfinite": "a forward pass produced NaN or infinite outputs"}  # the kinds of berth_model_failures
-
 
 class BatcherState(Enum):
     ACCEPTING = "accepting"
@@ -129,9 +117,6 @@ class BatchPolicy(BatchShape):
     pipeline: bool = True  # take and pad the next batches while the current pass runs (one take ahead)
     pass_timeout_s: float = 60.0  # the watchdog stops a pass running longer
     canary_interval_s: float = 5.0  # seconds between canary passes while the model is not ready
-
-    def bucket_for(self, length: int) -> int | None:
-        return self.width_for(length)
 
 
 def clip_buckets(buckets: Sequence[int], max_length: int) -> list[int]:
@@ -221,10 +206,7 @@ class Batcher:
         self.canary: ModelItem | None = None
         self.health_changed: Callable[[], None] | None = None  # called (from any thread) after the health or the
         #                                                       unready reason may have changed (--workers N)
-        self.consecutive_failures = 0
-        self._health_lock = threading.Lock()
-        self._last_failure = "error"
-        self._last_canary = ""
+        self.health = ModelHealth(policy.max_consecutive_failures)
         self._next_canary_at: float | None = None
         self._probe_task: asyncio.Task | None = None
         self._watchdog_task: asyncio.Task | None = None
@@ -487,12 +469,18 @@ class Batcher:
         """Worker thread: the take's passes, each judged (Health); each item's outcome in take order, when they
         started and how long they took."""
         outcomes: list[Outcome] = [None] * len(padded.items)  # type: ignore[list-item]
-        verdict: tuple[bool, str] | None = None  # a confirming canary's, at most one per take
+        verdicts: list[tuple[bool, str]] = []  # a confirming canary's, at most one per take
+
+        def confirm() -> tuple[bool, str]:
+            if not verdicts:
+                verdicts.append(self._canary_pass("confirm"))
+            return verdicts[0]
+
         for batch, feeds, pad_seconds in padded.passes:
             results = self.executor.run_pass(padded.items, batch, feeds, pad_seconds, padded.keeps, narrow=narrow)
             for i, outcome in results.items():
                 outcomes[i] = outcome
-            verdict = self._judge(list(results.values()), verdict)
+            self._apply(self.health.record(list(results.values()), confirm), len(results))
         return outcomes, started, time.monotonic() - started
 
     def _start(self, take: _Take) -> None:
@@ -533,46 +521,39 @@ class Batcher:
 
     @property
     def healthy(self) -> bool:
-        """False after max_consecutive_failures passes in a row counted against the model (the module's docstring),
+        """False after max_consecutive_failures passes in a row counted against the model (service/model_health.py),
         until a pass or a canary pass succeeds."""
-        return self.consecutive_failures < self.policy.max_consecutive_failures
+        return self.health.healthy
+
+    @property
+    def consecutive_failures(self) -> int:
+        return self.health.consecutive_failures
 
     @property
     def unready_reason(self) -> str | None:
         """Why the model is not ready (fixed phrases, no error text: /readyz is unauthenticated); None when it is."""
-        if self.healthy:
-            return None
-        reason = f"{self.consecutive_failures} failures in a row ({FAILURE_TEXT[self._last_failure]})"
-        if self.canary is None:
-            return reason + "; ready again once a forward pass succeeds"
-        reason += f"; a canary pass retries every {self.policy.canary_interval_s:g} s"
-        return reason + (f" (last canary: {self._last_canary})" if self._last_canary else "")
+        return self.health.unready_reason(self.canary is not None, self.policy.canary_interval_s)
 
     def next_canary_in(self) -> float:
         """Seconds until the next canary pass (Retry-After for a model that is not ready)."""
         at = self._next_canary_at
         return self.policy.canary_interval_s if at is None else max(0.0, at - time.monotonic())
 
-    def _judge(self, results: list[Outcome], verdict: tuple[bool, str] | None) -> tuple[bool, str] | None:
-        """Worker thread, after a planned pass (and its retries): does it count against the model? The rule is the
-        module docstring's. `verdict`: the canary's, when one confirmed an earlier pass of the same take."""
-        failed = [r for r in results if isinstance(r, BaseException)]
-        if not failed:
-            self._passed()
-        elif any(isinstance(r, PassTimedOut) for r in failed):
-            self._failed("timeout")
-        elif len(failed) < len(results):  # others of the pass were computed: these inputs are at fault
-            self._passed()
-        else:
-            if verdict is None:
-                verdict = self._canary_pass("confirm")
-            if verdict[0]:
-                log.warning("model %s: every item of a forward pass (%d) failed, but a canary pass succeeded: the "
-                            "inputs are at fault, not counted against the model", self.model, len(results))
-                self._passed()
-            else:
-                self._failed("nonfinite" if all(isinstance(r, NonFiniteOutput) for r in failed) else "error")
-        return verdict
+    def _apply(self, change: Change, items: int, how: str = "a forward pass succeeded") -> None:
+        """Worker thread or event loop: log, count and announce what a recorded pass changed."""
+        if change.excused:
+            log.warning("model %s: every item of a forward pass (%d) failed, but a canary pass succeeded: the "
+                        "inputs are at fault, not counted against the model", self.model, items)
+        if change.counted is not None:
+            self._tell_health()
+            self._metrics.model_failures.labels(self.model, change.counted).inc()
+            log.error("model %s: %s; it counts against the model (%d of max_consecutive_failures=%d in a row)",
+                      self.model, FAILURE_TEXT[change.counted], change.failures, self.policy.max_consecutive_failures)
+        if change.transition is Transition.READY:
+            self._tell_health()
+            self._notify(self._became_ready, how)
+        elif change.transition is Transition.UNREADY:
+            self._notify(self._became_unready)
 
     def _canary_pass(self, kind: str) -> tuple[bool, str]:
         """Worker thread: one pass of the canary input. (passed, why not)."""
@@ -583,30 +564,10 @@ class Batcher:
         self._metrics.canary_passes.labels(self.model, kind, "passed" if passed else "failed").inc()
         why = ("" if passed else "it ran past pass_timeout_s" if isinstance(out, PassTimedOut) else
                "NaN or infinite outputs" if isinstance(out, NonFiniteOutput) else f"it raised {type(out).__name__}")
-        self._last_canary = "passed" if passed else f"failed: {why}"
+        self.health.canary_result(passed, why)
         if not self.healthy:  # the unready reason names the last canary
             self._tell_health()
         return passed, why
-
-    def _passed(self, how: str = "a forward pass succeeded") -> None:
-        with self._health_lock:
-            was_ready = self.healthy
-            self.consecutive_failures = 0
-        if not was_ready:
-            self._tell_health()
-            self._notify(self._became_ready, how)
-
-    def _failed(self, kind: str) -> None:
-        with self._health_lock:
-            self.consecutive_failures += 1
-            count = self.consecutive_failures
-            self._last_failure = kind
-        self._tell_health()
-        self._metrics.model_failures.labels(self.model, kind).inc()
-        log.error("model %s: %s; it counts against the model (%d of max_consecutive_failures=%d in a row)",
-                  self.model, FAILURE_TEXT[kind], count, self.policy.max_consecutive_failures)
-        if count == self.policy.max_consecutive_failures:
-            self._notify(self._became_unready)
 
     def _tell_health(self) -> None:
         if self.health_changed is not None:
@@ -646,7 +607,7 @@ class Batcher:
                     break
                 passed, why = await loop.run_in_executor(self._workers, self._canary_pass, "probe")
                 if passed:
-                    self._passed("a canary pass succeeded")
+                    self._apply(self.health.passed(), 1, "a canary pass succeeded")
                 else:
                     log.warning("model %s: the canary pass failed (%s); still not ready, next canary in %g s",
                                 self.model, why, interval)
