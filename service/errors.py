@@ -16,7 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.batcher import BatcherError, Expired, ItemFailed, ItemTooLarge, NotAccepting, QueueFull
+from service.batch_errors import BatcherError, Expired, ItemFailed, ItemTooLarge, NotAccepting, QueueFull
 
 log = logging.getLogger("berth.service")
 
