@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from service.batch_errors import NonFiniteOutput, PassTimedOut
-from service.cpu import ComputeSlots
+from service.compute_slots import ComputeSlots
 from service.metrics import Metrics
 from tasks.inference import (
     Batch,

@@ -83,7 +83,7 @@ from service.batch_errors import (
 )
 from service.batch_executor import Computed, Outcome, Padded, PassExecutor, pad_take
 from service.batch_queue import Item, ItemQueue
-from service.cpu import ComputeSlots
+from service.compute_slots import ComputeSlots
 from service.metrics import Metrics
 from service.model_health import FAILURE_TEXT, Change, ModelHealth, Transition
 from tasks.inference import BatchShape, Keep, ModelItem, Runner

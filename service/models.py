@@ -23,7 +23,7 @@ import onnxruntime
 from tokenizers import Tokenizer
 
 from service.batcher import Batcher, BatchPolicy, clip_buckets
-from service.cpu import ComputeSlots
+from service.compute_slots import ComputeSlots
 from service.errors import ErrorType, ServiceError
 from service.metrics import Metrics
 from service.settings import ServiceSettings

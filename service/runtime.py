@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from enum import StrEnum
 from typing import Any
 
-from service.cpu import ComputeSlots
+from service.compute_slots import ComputeSlots
 from service.errors import ErrorType, ServiceError
 from service.metrics import Metrics
 from service.models import RepositoryError, ServedModel, canary_item, discover, load_model, resolve_model

@@ -300,7 +300,7 @@ def test_measured_batch_sizes_per_length_are_honoured(tokenizer):
 def test_under_load_narrow_passes_run_side_by_side_and_a_lone_pass_runs_wide(tokenizer):
     """With a narrow engine and 2 compute units, queued work runs as two concurrent 1-unit passes on the narrow
     engine (never more units at once than there are); a pass alone in the process runs on the wide engine."""
-    from service.cpu import ComputeSlots
+    from service.compute_slots import ComputeSlots
 
     items = [encode(tokenizer, TEXTS[i % len(TEXTS)] + " x" * i) for i in range(16)]
     lock = threading.Lock()

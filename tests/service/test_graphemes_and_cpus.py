@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from service.cpu import ComputeSlots
+from service.compute_slots import ComputeSlots
 from tasks.cpu import cgroup_cpu_limit, usable_cpus
 from tasks.graphemes import extend_end
 

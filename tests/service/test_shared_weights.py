@@ -147,7 +147,7 @@ def test_a_model_has_a_narrow_second_session_only_where_it_runs_passes_side_by_s
         bundle_repository, parallel_passes, cores, expected):
     """One core, or parallel_passes=1: no second session (measured: ~20 MiB idle a small int8 model, its
     prepacked GEMM weights and structures); otherwise a narrow one on cores // parallel_passes threads."""
-    from service.cpu import ComputeSlots
+    from service.compute_slots import ComputeSlots
     from service.models import MODEL_FILE, OnnxEngine, narrow, verified_bytes
     from service.settings import ServiceSettings
     from tasks.bundle import load_bundle
