@@ -27,7 +27,7 @@ from tasks.registry import head_class  # noqa: E402
 from tasks.spec import TaskSpec  # noqa: E402
 from training.checkpoint import load_pretrained, save_pretrained  # noqa: E402
 from training.model import MODEL_CLASSES  # noqa: E402
-from training.predict import torch_runner  # noqa: E402
+from training.torch_runner import torch_runner  # noqa: E402
 
 CONLL_LABELS = ["O", "B-LOC", "I-LOC", "B-MISC", "I-MISC", "B-ORG", "I-ORG", "B-PER", "I-PER"]
 SPECS = {
@@ -272,7 +272,8 @@ def test_build_defaults_tries_the_int8_recipe_chain_before_fp32(finetuned, repos
     build_export(finetuned["ner"], out, "int8", True, "ner", None)
     bundle = load_bundle(out)
     assert (bundle.precision, (bundle.optimization.get("int8") or {}).get("recipe")) == expected
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out + captured.err  # build-defaults' status lines go to stderr
     assert f"int8 ({DEFAULT_RECIPE}) failed its parity gate" in printed
     assert f"exporting int8 (int8 recipe {fallback})" in printed
     with pytest.raises(parity.ParityError):  # an explicit --precision int8 is not replaced by anything
