@@ -7,7 +7,7 @@ a CUDA device is present (fp32 when that export fails its parity gate). The samp
 fixed in examples and epochs, not minutes, so a busy machine builds the same models, only later.
 Each recipe has a dev-metric floor: a model under it trains on for a second, bounded round, and
 if it is still under, its bundle says so (`quality.below_floor`) and the service lists it as
-`below_quality_floor`. `--data-dir ../shared/data` trains on the full research sets instead
+`below_quality_floor`. `--data-dir DIR` trains on the full research sets instead
 (SST-2, MRPC with the best of three seeds, STS-B, CoNLL-2003, SQuAD v1.1, and SQuAD v2.0 from the
 v1.1 model on a split of the v2.0 dev set, training/squad_v2_split.py).
 """
@@ -45,8 +45,8 @@ class BuildDefaultsSettings(BaseModel):
     out: Path = Field(Path("models"), description="model repository folder the bundles go to")
     work: Path = Field(Path("runs/defaults"), description="where the fine-tuned model folders and the build "
                        "record go")
-    data_dir: Path | None = Field(None, description="train on the full research sets in this folder (e.g. "
-                                  "../shared/data) instead of the shipped samples")
+    data_dir: Path | None = Field(None, description="train on the full research sets in this folder (laid out as "
+                                  "docs/data.md says) instead of the shipped samples")
     only: list[str] | None = Field(None, description="build only these bundles, by name")
     force: bool = Field(False, description="rebuild bundles that exist")
     precision: Literal["auto", "fp32", "fp16", "int8"] = Field(

@@ -28,8 +28,9 @@ class ExportSettings(BaseModel):
         "config, else mean)")
     optimize: Literal["auto", "always", "never"] = Field(
         "auto", description="ONNX Runtime's offline BERT fusions: auto keeps whichever fp32 graph runs faster here")
-    data_dir: Path | None = Field(None, description="the shared data sets for the parity slice (default: "
-                                  "../shared/data or $BERTH_SHARED_DATA; else the shipped samples)")
+    data_dir: Path | None = Field(None, description="your data folder (see docs/data.md), for the parity slice "
+                                  "(default: $BERTH_SHARED_DATA or the data folder beside a checkout, if present; "
+                                  "else the shipped samples)")
     parity_examples: int | None = Field(None, gt=0, description="dev examples checked (default by task: 256 "
                                         "classification/pair, 128 ner/fill-mask, 100 qa)")
     min_agreement: float = Field(0.99, ge=0, le=1, description="fp16/int8: share of examples whose task answer must "

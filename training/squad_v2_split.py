@@ -1,7 +1,7 @@
 """A SQuAD v2.0 training set for this machine: the v2.0 dev set split by article, plus unanswerable
 questions borrowed from SQuAD v1.1.
 
-There is no SQuAD v2.0 train set here (see ../shared/data/SOURCES.md), so the first articles of the
+There is no public SQuAD v2.0 train set in the data folder (docs/data.md), so the first articles of the
 official dev order train and the rest evaluate; splitting by article keeps every context (and its
 questions) on one side only. Borrowed questions are v1.1 questions, each paired with a paragraph of a
 *different* article of the training part, as unanswerable (`is_impossible`, no answer), for more

@@ -12,17 +12,18 @@ from berth.flags import add_settings_flags
 from training.settings import FinetuneSettings
 
 EXAMPLES = """examples:
+  # $DATA: your data folder, laid out as docs/data.md says (where each public set comes from, its license)
   # SST-2 sentiment from the embedded default base, 15 minutes of training at most
-  berth finetune --task classification --train ../shared/data/sst2/train.tsv \\
-      --dev ../shared/data/sst2/dev.tsv --out runs/sst2 --max-minutes 15
+  berth finetune --task classification --train $DATA/sst2/train.tsv \\
+      --dev $DATA/sst2/dev.tsv --out runs/sst2 --max-minutes 15
   # MRPC paraphrase pairs
-  berth finetune --task pair --train ../shared/data/mrpc/train.tsv --dev ../shared/data/mrpc/dev.tsv --out runs/mrpc
+  berth finetune --task pair --train $DATA/mrpc/train.tsv --dev $DATA/mrpc/dev.tsv --out runs/mrpc
   # CoNLL-2003 NER (IOB1 or IOB2 column files)
-  berth finetune --task ner --train ../shared/data/conll2003/iob2/train.txt \\
-      --dev ../shared/data/conll2003/iob2/valid.txt --out runs/conll
+  berth finetune --task ner --train $DATA/conll2003/iob2/train.txt \\
+      --dev $DATA/conll2003/iob2/valid.txt --out runs/conll
   # the same, feature-based: a BiLSTM on the frozen encoder's last four layers (the paper's Table 7)
-  berth finetune --task ner --feature-based --lr 1e-3 --epochs 4 --train ../shared/data/conll2003/iob2/train.txt \\
-      --dev ../shared/data/conll2003/iob2/valid.txt --out runs/conll-features
+  berth finetune --task ner --feature-based --lr 1e-3 --epochs 4 --train $DATA/conll2003/iob2/train.txt \\
+      --dev $DATA/conll2003/iob2/valid.txt --out runs/conll-features
   # SQuAD v1.1 from a Hugging Face BERT folder
   berth finetune --task qa --base path/to/bert-base-uncased --train train-v1.1.json --dev dev-v1.1.json --out runs/squad
   # multiple choice (SWAG's CSV, or JSON lines of {"context", "choices": [...], "label"})
@@ -34,7 +35,7 @@ EXAMPLES = """examples:
   berth finetune --config runs/mine/config.yaml --out runs/mine-again
   # evaluate on dev every 200 steps, keep the best checkpoint, stop after 5 evaluations without a better one,
   # curves to TensorBoard (OUT/tensorboard) and MLflow (./mlruns or $MLFLOW_TRACKING_URI); then plot them
-  berth finetune --task classification --train ../shared/data/sst2/train.tsv --dev ../shared/data/sst2/dev.tsv \
+  berth finetune --task classification --train $DATA/sst2/train.tsv --dev $DATA/sst2/dev.tsv \
       --out runs/sst2 --eval-every-steps 200 --early-stopping-patience 5 --report-to tensorboard,mlflow
   berth plot runs/sst2
 

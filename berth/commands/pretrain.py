@@ -14,13 +14,14 @@ from training.config import PRESETS
 from training.settings import PretrainSettings
 
 EXAMPLES = """examples:
+  # $DATA: your data folder, laid out as docs/data.md says (where each public set comes from, its license)
   # the CPU recipe of docs/PRETRAINING.md: a 30k vocabulary trained on the corpus, the mini model
   # (L4/H256/A4), 128-token sequences, 40 minutes at most
-  berth pretrain ../shared/data/pretraining --out runs/pretrain-mini --preset mini --vocab-size 30522 \\
+  berth pretrain $DATA/pretraining --out runs/pretrain-mini --preset mini --vocab-size 30522 \\
       --batch-size 32 --lr 5e-4 --max-steps 2000 --max-minutes 40 --threads 2
 
   # the paper's ablation on the same corpus: masked LM only, single segments, no NSP head
-  berth pretrain ../shared/data/pretraining --out runs/pretrain-mini-nonsp --no-nsp --max-minutes 40
+  berth pretrain $DATA/pretraining --out runs/pretrain-mini-nonsp --no-nsp --max-minutes 40
 
   # reuse a vocabulary and give the size explicitly (L layers, H hidden, A heads)
   berth pretrain my_texts/ --out runs/mine --tokenizer runs/pretrain-mini --layers 6 --hidden 384 --heads 6
@@ -29,7 +30,7 @@ EXAMPLES = """examples:
   berth pretrain --eval-only --out runs/pretrain-mini
 
   # then fine-tune it like any BERT folder
-  berth finetune --task classification --base runs/pretrain-mini --train ../shared/data/sst2/train.tsv --out runs/sst2
+  berth finetune --task classification --base runs/pretrain-mini --train $DATA/sst2/train.tsv --out runs/sst2
 
 The output folder is a Hugging Face model folder (config.json, model.safetensors with the pretraining
 heads, tokenizer.json, vocab.txt) plus pretrain_run.json (settings, seed, git revision, data sizes,

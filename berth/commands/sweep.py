@@ -16,11 +16,12 @@ from training.settings import FinetuneSettings
 DEFAULT_MAX_TRIALS = 48
 
 EXAMPLES = """examples:
+  # $DATA: your data folder, laid out as docs/data.md says (where each public set comes from, its license)
   # the paper's GLUE protocol on MRPC: lr among 5e-5/4e-5/3e-5/2e-5, batch 32, 3 epochs, 3 restarts each
-  berth sweep --task pair --train ../shared/data/mrpc/train.tsv --dev ../shared/data/mrpc/dev.tsv \\
+  berth sweep --task pair --train $DATA/mrpc/train.tsv --dev $DATA/mrpc/dev.tsv \\
       --out runs/mrpc-sweep --grid paper-glue --restarts 3
   # an explicit grid (18 cells: the paper's appendix recommendation, also `--grid paper`)
-  berth sweep --task classification --train ../shared/data/sst2/train.tsv --dev ../shared/data/sst2/dev.tsv \\
+  berth sweep --task classification --train $DATA/sst2/train.tsv --dev $DATA/sst2/dev.tsv \\
       --out runs/sst2-sweep --grid lr=5e-5,3e-5,2e-5 batch_size=16,32 epochs=2,3,4 --yes
   # a preset with one key replaced, at most 60 minutes of trials
   berth sweep ... --grid small-bert lr=1e-4,5e-5 --sweep-minutes 60
