@@ -76,7 +76,7 @@ def evaluate_all(folder: Path, data: Path, limit: int | None, threads: int, reci
     from export.onnx_export import export_onnx, load_finetuned
     from export.precision import DEFAULT_RECIPE, RECIPES, to_int8
     from tasks.tokenizer import load_tokenizer
-    from training.predict import torch_item_runner
+    from training.torch_runner import torch_item_runner
 
     torch.set_num_threads(threads)
     model, spec, _ = load_finetuned(folder)

@@ -48,7 +48,7 @@ def measure_model(folder: Path, recipes: tuple[str, ...], threads: int, rounds: 
     from tasks.onnx_session import create_session, onnx_item_runner, onnx_runner
     from tasks.registry import definition
     from tasks.tokenizer import load_tokenizer
-    from training.predict import torch_item_runner
+    from training.torch_runner import torch_item_runner
 
     torch.set_num_threads(threads)
     model, spec, _ = load_finetuned(folder)

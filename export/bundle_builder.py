@@ -91,7 +91,7 @@ def export_bundle(
     """
     import torch
 
-    from training.predict import torch_runner
+    from training.torch_runner import torch_runner
 
     if precision not in PRECISION_PROVIDERS:
         raise ValueError(f"precision must be one of {sorted(PRECISION_PROVIDERS)}, got {precision!r}")
@@ -197,7 +197,7 @@ def _with_metric_gate(report: dict[str, Any], spec, tokenizer, dev_file: Path | 
                       metric_examples: int | None) -> dict[str, Any]:
     """Add the task-metric gate to an fp16/int8 agreement report; raise `ParityError` if either failed."""
     if dev_file is not None:
-        from training.predict import torch_item_runner
+        from training.torch_runner import torch_item_runner
 
         metric = parity.metric_gate(spec, tokenizer, dev_file, torch_item_runner(model, "metric gate: PyTorch"),
                                     onnx_item_runner(session, progress="metric gate: ONNX"), metric_examples)

@@ -17,8 +17,8 @@ from torch import nn
 from tasks.registry import definition
 from tasks.spec import TaskSpec
 from training.callbacks import BestCheckpoint, EarlyStopping, TrainerCallback, greater_is_better
-from training.predict import torch_item_runner
 from training.settings import FinetuneSettings
+from training.torch_runner import torch_item_runner
 
 PROBE_EXAMPLES = 8
 BEST_DIR = "best"  # under the training-state folder: the best evaluation's weights

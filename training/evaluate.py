@@ -54,7 +54,7 @@ def _torch_runner(folder: Path, device: str) -> tuple[TaskSpec, ItemRunner, Toke
     from tasks.tokenizer import load_tokenizer
     from training import model as models
     from training.checkpoint import load_pretrained
-    from training.predict import torch_item_runner
+    from training.torch_runner import torch_item_runner
 
     spec = TaskSpec.load(folder)
     model, _ = load_pretrained(getattr(models, head_class(spec)), folder)

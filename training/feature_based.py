@@ -23,7 +23,7 @@ import torch
 from tasks.registry import definition
 from tasks.spec import TaskSpec
 from training.model import DEFAULT_FEATURE_LAYERS, BertFeatureBasedTokenClassification
-from training.predict import predict
+from training.torch_runner import predict
 
 log = logging.getLogger("berth.finetune")
 

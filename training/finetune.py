@@ -88,7 +88,7 @@ def run_finetune(settings: FinetuneSettings) -> dict[str, float]:
     from training.checkpoint import load_pretrained, save_pretrained
     from training.metrics_log import METRICS_FILE
     from training.precision import cpu_bf16_support
-    from training.predict import torch_item_runner
+    from training.torch_runner import torch_item_runner
     from training.trainer import train
 
     try:

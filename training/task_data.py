@@ -76,7 +76,7 @@ class TaskAdapter:
     tokenizer: Tokenizer
 
     def evaluate(self, run: ItemRunner, examples: Sequence[Any], spec: TaskSpec) -> tuple[dict[str, float], dict]:
-        """Dev metrics of the model `run` runs (training/predict.torch_item_runner of a PyTorch head,
+        """Dev metrics of the model `run` runs (training/torch_runner.torch_item_runner of a PyTorch head,
         tasks/onnx_session.onnx_item_runner of a bundle's session) and spec updates (e.g. the QA v2 threshold),
         measured on what the service would answer: the task definition's prepare -> run -> decode, then its
         metric against gold."""

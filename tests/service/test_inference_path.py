@@ -1,4 +1,4 @@
-"""One inference path: `training.predict` (PyTorch) and the service's batcher (ONNX Runtime behind its
+"""One inference path: `training.torch_runner` (PyTorch) and the service's batcher (ONNX Runtime behind its
 queue) give each item the same rows, on the real fine-tuned test models (NER windows, QA windows)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from tasks.bundle import load_bundle
 from tests.service.models_for_tests import filler
 from training.checkpoint import load_pretrained
 from training.model import BertForQuestionAnswering, BertForTokenClassification
-from training.predict import predict, torch_runner
+from training.torch_runner import predict, torch_runner
 
 CASES = {"entities": (BertForTokenClassification, ("logits",)),
          "reader": (BertForQuestionAnswering, ("start_logits", "end_logits"))}

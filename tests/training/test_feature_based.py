@@ -19,7 +19,7 @@ from training.checkpoint import load_pretrained, read_state_dict
 from training.evaluate import evaluate_model
 from training.feature_based import cache_features
 from training.model import BertFeatureBasedTokenClassification, PaddingFreeBiLSTM
-from training.predict import predict
+from training.torch_runner import predict
 
 SENTENCES = ["EU rejects German call to boycott British lamb .", "Peter Blackburn", "BRUSSELS 1996-08-22",
              "The European Commission said on Thursday it disagreed with German advice to consumers ."]
