@@ -274,7 +274,8 @@ def cli_pages() -> tuple[dict[Path, str], list[tuple[str, str]]]:
     for name, parser in subcommand_parsers().items():
         page = REFERENCE / "cli" / f"{name}.md"
         pages[page] = command_page(name, parser)
-        summary = (parser.description or "").strip().split("\n\n")[0]
+        summary = " ".join((parser.description or "").split())
+        summary = re.split(r"(?<=\.)\s", summary, maxsplit=1)[0]  # the first sentence
         index.append(f"| [berth {name}]({name}.md) | {cell(summary)} |")
         nav.append((f"berth {name}", page.relative_to("docs").as_posix()))
     pages[REFERENCE / "cli" / "index.md"] = "\n".join(index).rstrip() + "\n"
