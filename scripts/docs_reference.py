@@ -181,9 +181,11 @@ def route_page(method: str, path: str, operation: dict[str, Any], components: di
     lines += ["## Responses", "", "| status | meaning | body |", "|---|---|---|"]
     for status, response in operation.get("responses", {}).items():
         response_media, response_schema = body_schema(response.get("content"))
-        shown = f"{type_of(response_schema)} (`{response_media}`)" if response_schema else ""
-        if response_schema == {}:
-            shown = f"`{response_media}`"
+        shown = type_of(response_schema) if response_schema else ""  # JSON unless named
+        if response_schema == {} and response_media == "application/json":
+            shown = "JSON"
+        if response_media not in (None, "application/json"):
+            shown = f"`{response_media}`" + (f": {shown}" if response_schema and shown != "any" else "")
         lines.append(f"| {status} | {cell(response.get('description'))} | {shown} |")
     lines.append("")
     names = schema_closure(refs_in({"parameters": parameters, "request": request,
