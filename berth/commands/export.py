@@ -88,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
         "parity": {k: bundle.parity.get(k) for k in ("passed", "max_abs_diff", "agreement", "confident_agreement",
                                                      "confident_examples", "examples", "threshold", "metric")},
         "int8": bundle.optimization.get("int8"),
+        "batch_invariance": {k: bundle.batch_invariance.get(k) for k in ("max_abs_diff", "changed_answers",
+                                                                          "examples", "batch_dependent")},
         "model_bytes": bundle.files["model.onnx"].bytes,
     }
     print(json.dumps(summary, indent=2))
