@@ -9,7 +9,9 @@ Each recipe has a dev-metric floor: a model under it trains on for a second, bou
 if it is still under, its bundle says so (`quality.below_floor`) and the service lists it as
 `below_quality_floor`. `--data-dir DIR` trains on the full research sets instead
 (SST-2, MRPC with the best of three seeds, STS-B, CoNLL-2003, SQuAD v1.1, and SQuAD v2.0 from the
-v1.1 model on a split of the v2.0 dev set, training/squad_v2_split.py).
+v1.1 model on a split of the v2.0 dev set, training/squad_v2_split.py). A recipe with seeds is a
+one-cell `berth sweep` (training/sweep.py) in work/<name>-seeds; its record, sweep.json, is copied
+into work/<name> with the winner's model.
 """
 
 from __future__ import annotations
@@ -323,24 +325,55 @@ def _data_folder(recipe: Recipe, data_root: Path, work: Path) -> Path:
 
 
 def _best_of_seeds(recipe: Recipe, settings, tag: str) -> tuple[dict[str, float], int]:
-    """One run per seed into work/<name>-seed<N>; the best on the dev `select` metric is copied to
-    `settings.out` (work/<name>, the folder later recipes and the export read). Returns its dev
-    metrics and seed."""
+    """The paper's restarts as a one-cell sweep (training.sweep.best_of_seeds) in work/<name>-seeds: one trial
+    per seed (trials/c00-seed<N>), the best on the dev `select` metric kept (the first seed of a tie). Its model
+    is copied to `settings.out` (work/<name>, the folder later recipes and the export read) with the sweep's
+    record, sweep.json. Returns its dev metrics and seed.
+
+    A folder holding an unfinished sweep of the same recipe continues it (a killed build re-run); any other
+    (finished, or another recipe's settings) is replaced, so a rebuild trains again."""
     import shutil
 
-    from training.finetune import run_finetune
+    from training.sweep import BEST_DIR, RECORD_FILE, best_of_seeds
 
-    runs = []
-    for seed in recipe.seeds:
-        folder = settings.out.with_name(f"{recipe.name}-seed{seed}")
-        metrics = run_finetune(settings.model_copy(update={"seed": seed, "out": folder}))
-        say(f"{tag}: seed {seed}: dev {_headline(metrics)}")
-        runs.append((metrics.get(recipe.select, float("-inf")), seed, folder, metrics))
-    _value, seed, folder, metrics = max(runs, key=lambda run: run[0])
-    say(f"{tag}: kept seed {seed} (best dev {recipe.select} of seeds {list(recipe.seeds)})")
+    folder = settings.out.with_name(f"{recipe.name}-seeds")
+    if not _unfinished_sweep(folder, settings, recipe):
+        shutil.rmtree(folder, ignore_errors=True)
+    record = best_of_seeds(settings, list(recipe.seeds), folder, metric=recipe.select)
+    for trial in record["trials"]:
+        outcome = (f"dev {_headline(trial['dev_metrics'])}" if trial["status"] == "ok"
+                   else f"{trial['status']}: {trial.get('error', '')}")
+        say(f"{tag}: seed {trial['seed']}: {outcome}")
+    winner = record["winner"]
+    if winner is None:
+        raise SystemExit(f"{recipe.name}: no seed of {list(recipe.seeds)} finished with a dev {recipe.select} "
+                         f"(see {folder / RECORD_FILE})")
+    tied = f"; tied with {', '.join(winner['ties'])}" if winner["ties"] else ""
+    say(f"{tag}: kept seed {winner['seed']} (best dev {recipe.select} of seeds {list(recipe.seeds)}{tied}; "
+        f"record {folder / RECORD_FILE})")
     shutil.rmtree(settings.out, ignore_errors=True)
-    shutil.copytree(folder, settings.out, ignore=shutil.ignore_patterns("train_state"))
-    return metrics, seed
+    shutil.copytree(folder / BEST_DIR, settings.out, ignore=shutil.ignore_patterns("train_state", "sweep_trial.json"))
+    shutil.copy2(folder / RECORD_FILE, settings.out / RECORD_FILE)
+    return winner["dev_metrics"], winner["seed"]
+
+
+def _unfinished_sweep(folder: Path, settings, recipe: Recipe) -> bool:
+    """Whether `folder` holds this recipe's sweep with trials still to run."""
+    from training.sweep import PLAN_FILE, RECORD_FILE, SweepPlan
+
+    plan_file, record_file = folder / PLAN_FILE, folder / RECORD_FILE
+    if not plan_file.is_file():
+        return False
+    base = settings.model_dump(mode="json", exclude={"seed"})
+    base["out"] = str(folder)
+    plan = SweepPlan(base=base, grid={}, cells=[{}], seeds=list(recipe.seeds), metric=recipe.select)
+    try:
+        stored = json.loads(plan_file.read_text(encoding="utf-8"))
+        finished = record_file.is_file() and json.loads(record_file.read_text(encoding="utf-8"))["counts"][
+            "not_run"] == 0
+    except (OSError, ValueError, KeyError):
+        return False
+    return stored.get("identity") == plan.identity() and not finished
 
 
 def _below_floor(recipe: Recipe, metrics: dict[str, float]) -> bool:

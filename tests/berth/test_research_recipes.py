@@ -51,13 +51,17 @@ def test_best_of_seeds_keeps_the_run_with_the_best_dev_metric(shared_data, tmp_p
                     {"max_train_examples": 48, "max_eval_examples": 40, "max_steps": 3, "batch_size": 16,
                      "max_seq_length": 64, "learning_rate": 1e-4}, seeds=(1, 2), select="accuracy")
     folder, metrics, quality = build_defaults._train_to_floor(recipe, shared_data, tmp_path, 2, "[test]")
-    runs = {seed: json.loads((tmp_path / f"mrpc-seed{seed}" / "finetune_run.json").read_text()) for seed in (1, 2)}
+    trials = tmp_path / "mrpc-seeds" / "trials"  # a one-cell sweep, one trial per seed
+    runs = {seed: json.loads((trials / f"c00-seed{seed}" / "finetune_run.json").read_text()) for seed in (1, 2)}
     assert {seed: run["settings"]["seed"] for seed, run in runs.items()} == {1: 1, 2: 2}
     best = max((1, 2), key=lambda seed: runs[seed]["dev_metrics"]["accuracy"])
     assert quality["seed"] == best and metrics == runs[best]["dev_metrics"]
     assert folder == tmp_path / "mrpc"
     kept = json.loads((folder / "finetune_run.json").read_text())
     assert kept["settings"]["seed"] == best and not (folder / "train_state").exists()
+    record = json.loads((folder / "sweep.json").read_text())  # the build's record is the sweep's
+    assert record["winner"]["seed"] == best and record["metric"] == "accuracy" and record["counts"]["ok"] == 2
+    assert [trial["seed"] for trial in record["trials"]] == [1, 2]
 
 
 def test_a_recipe_whose_base_is_missing_says_which_to_build_first(shared_data, tmp_path):
