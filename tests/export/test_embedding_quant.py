@@ -152,7 +152,8 @@ def test_a_fused_or_tied_table_is_left_alone_with_the_reason(plain, tmp_path):
 def test_an_existing_int8_bundle_is_converted_gated_and_still_loads(base_path, feeds, tmp_path):
     # an int8 bundle as exported before the 8-bit embeddings were the default
     bundle = export_bundle(base_path, tmp_path / "embeddings", "int8", task="embedding", optimize_graph="never",
-                           parity_examples=16, threads=2, int8_recipe="dynamic-keep-early-ffn")
+                           parity_examples=16, threads=2, int8_recipe="dynamic-keep-early-ffn",
+                           allow_batch_dependent=True)  # per-tensor scales: batch-dependent, as bundles were then
     assert bundle.optimization["int8"]["word_embeddings"] == "fp32"
     converted_path = tmp_path / "converted" / "embeddings"
     record = embedding_quant.convert_bundle(bundle.path, converted_path, examples=16, threads=2)
