@@ -20,7 +20,7 @@ others). Prints a table and writes bench/results/service_abuse[-<label>].json wi
     .venv/bin/python -m bench.service_abuse --models /tmp/svc_repo/repository --label after
     .venv/bin/python -m bench.service_abuse --models /tmp/svc_repo/repository --code /tmp/old --label before
     .venv/bin/python -m bench.service_abuse --table bench/results/service_abuse-before.json \
-        bench/results/service_abuse-after.json                      # the table of docs/SERVICE.md
+        bench/results/service_abuse-after.json                      # the table of docs/SERVICE_RESULTS.md
 """
 
 from __future__ import annotations
@@ -221,7 +221,7 @@ def gil_hold(models: Path, rounds: int = 5) -> dict[str, Any]:
 
 
 def markdown_table(before: dict[str, Any], after: dict[str, Any]) -> str:
-    """The before/after table of docs/SERVICE.md, from two result files."""
+    """The before/after table of docs/SERVICE_RESULTS.md, from two result files."""
     def row(name: str, get) -> str:
         return f"| {name} | {get(before)} | {get(after)} |"
 

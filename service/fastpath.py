@@ -1,7 +1,7 @@
 """The inference routes' fast path: a POST with a JSON body to a /v1 inference route runs the route's own
 endpoint without Starlette's routing and FastAPI's dependency and body machinery.
 
-Under load that machinery was about a third of the event loop's time per request (py-spy, docs/SERVICE.md),
+Under load that machinery was about a third of the event loop's time per request (py-spy, docs/SERVICE_RESULTS.md),
 time the event loop then did not spend feeding the engine. Here the body, already in memory (the request guard
 read it), is parsed by orjson and validated by pydantic, and the endpoint is called with it; its
 errors go through the same mapping as FastAPI's exception handlers (service/errors.py). Everything else (other

@@ -66,7 +66,7 @@ def tune_garbage_collector() -> None:
     """Once the models are loaded. What exists then (the app, the sessions' wrappers, the tokenizers) lives as long
     as the process: frozen, the cyclic collector no longer walks it, and a full collection under load costs ~1 ms
     instead of ~26 ms of event loop. Requests leave few cycles, so young collections can be rarer. Measured under
-    hey, 32 clients, 20 s (docs/SERVICE.md): collector time 680 ms -> 59 ms."""
+    hey, 32 clients, 20 s (docs/SERVICE_RESULTS.md): collector time 680 ms -> 59 ms."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
