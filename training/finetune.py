@@ -13,9 +13,14 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from training.settings import FinetuneSettings
+
+if TYPE_CHECKING:
+    from training.callbacks import TrainerCallback
 
 __all__ = ["FinetuneInputError", "FinetuneSettings", "run_finetune"]  # FinetuneSettings: imported by callers
 
@@ -73,11 +78,12 @@ def default_pooling(base: Path) -> str:
     return "cls"
 
 
-def run_finetune(settings: FinetuneSettings) -> dict[str, float]:
+def run_finetune(settings: FinetuneSettings, callbacks: Sequence[TrainerCallback] = ()) -> dict[str, float]:
     """Train, evaluate, save. Returns the dev metrics of the saved model (empty without a dev file): with
     eval_every_steps, the best evaluation's checkpoint, scored again on the whole dev file. Under torchrun
     every process trains; rank 0 alone (where the evaluations ran) evaluates and writes the folder, the
-    others return {}."""
+    others return {}. `callbacks`: more hooks into the training loop (e.g. `berth sweep --ray` reporting each
+    dev evaluation to Ray Tune); they see the run, they do not change it."""
     import torch
 
     from tasks.classification import REGRESSION
@@ -130,6 +136,7 @@ def run_finetune(settings: FinetuneSettings) -> dict[str, float]:
         collate = feature_based.collate
     out = Path(settings.out)
     train_settings = settings.loop_settings(out / STATE_DIR)
+    extra = list(callbacks)
     metric, greater, best, callbacks, evaluate, sample = None, True, None, [], None, []
     if dev_examples:
         try:
@@ -143,7 +150,8 @@ def run_finetune(settings: FinetuneSettings) -> dict[str, float]:
     run_trackers = trackers.make_trackers(settings.report_to, out, json.loads(settings.model_dump_json()))
     try:
         started = time.time()
-        result = train(model, dataset, collate, train_settings, evaluate=evaluate, callbacks=callbacks + run_trackers)
+        result = train(model, dataset, collate, train_settings, evaluate=evaluate,
+                       callbacks=[*callbacks, *run_trackers, *extra])
         train_minutes = (time.time() - started) / 60
         if int(os.environ.get("RANK", "0")) != 0:  # torchrun: rank 0 alone evaluates and writes the folder
             return {}

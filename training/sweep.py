@@ -281,7 +281,8 @@ def summarize(plan: SweepPlan, done: dict[str, dict], stopped_by: str | None) ->
     greater = greater_is_better(metric) if metric else True
     cells = sweep_stats.cell_statistics(trials, plan.cells, metric, greater) if metric else []
     winner = sweep_stats.select_winner(trials, metric, greater) if metric else None
-    counts = {status: sum(t["status"] == status for t in trials) for status in ("ok", "failed", "not_run")}
+    statuses = ("ok", "failed", "not_run") + (("stopped",) if any(t["status"] == "stopped" for t in trials) else ())
+    counts = {status: sum(t["status"] == status for t in trials) for status in statuses}  # stopped: by ASHA (--ray)
     from training.finetune import run_provenance
 
     return {

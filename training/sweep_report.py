@@ -64,7 +64,8 @@ def markdown(record: dict[str, Any], scale: float = 100.0) -> str:
                      f"{_number(value, scale) if isinstance(value, int | float) else '–'} | {minutes} |")
     lines.append("")
     counts = record["counts"]
-    lines.append(f"Trials: {counts['ok']} ok, {counts['failed']} failed, {counts['not_run']} not run; "
+    stopped = f", {counts['stopped']} stopped early" if counts.get("stopped") else ""
+    lines.append(f"Trials: {counts['ok']} ok, {counts['failed']} failed{stopped}, {counts['not_run']} not run; "
                  f"{record['minutes']:.1f} trial-minutes; stopped: {record['stopped_by']}.")
     return "\n".join(lines) + "\n"
 

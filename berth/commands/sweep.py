@@ -25,7 +25,8 @@ EXAMPLES = """examples:
       --out runs/sst2-sweep --grid lr=5e-5,3e-5,2e-5 batch_size=16,32 epochs=2,3,4 --yes
   # a preset with one key replaced, at most 60 minutes of trials
   berth sweep ... --grid small-bert lr=1e-4,5e-5 --sweep-minutes 60
-  # best of three seeds of one recipe (a one-cell grid)
+  # best of three seeds of one recipe (a one-cell grid; `berth build-defaults --data-dir` runs MRPC's
+  # restarts this way, into WORK/mrpc-seeds, and copies the sweep.json beside the kept model in WORK/mrpc)
   berth sweep ... --restarts 3
 
 Grid presets: paper (batch {16,32} x lr {5e-5,3e-5,2e-5} x epochs {2,3,4}), paper-glue (batch 32, 3 epochs,
@@ -36,6 +37,12 @@ OUT holds sweep.json (every trial, per-cell mean/std/min/max over restarts, the 
 winner's model folder) and trials/<id>/ (each trial's records; weights only for the winner unless
 --keep-trials). Kill it and run the same command again: finished trials are not re-run, and a trial
 killed mid-way resumes from its own training state (saved every 100 steps unless --save-every-steps).
+On a Ray cluster (--ray [ADDRESS]): the same trials through Ray Tune, each the same fine-tuning run, so
+the same records and winner as locally; OUT, the data and --base on storage every node sees (any local
+path on one machine); --ray-asha stops weak trials early on their dev evaluations (--eval-every-steps).
+  berth sweep ... --grid lr=1e-4,5e-5,3e-5 --restarts 3 --threads 2 --ray head:6379
+  berth sweep ... --grid lr=1e-4,5e-5,3e-5 --restarts 3 --eval-every-steps 100 --ray --ray-asha
+A KubeRay RayJob of it: docker/k8s/rayjob-sweep.yaml.
 SQuAD v2: each run chooses its no-answer threshold on dev (recorded per trial).
 Restarts: seed s shuffles the data and initialises the head; with --max-train-examples it also draws the
 training sample, so the restarts differ in data too. For the paper's restarts (same data), give a fixed
@@ -77,6 +84,19 @@ def add_parser(subparsers) -> None:
                        help="export the winner to this bundle folder (`berth export`, gated as usual)")
     sweep.add_argument("--export-precision", default="fp32", choices=["fp32", "fp16", "int8"],
                        help="precision of the --export bundle (default: %(default)s)")
+    sweep.add_argument("--ray", nargs="?", const="auto", metavar="ADDRESS",
+                       help="run the trials on a Ray cluster through Ray Tune (pip install 'berth[ray]'): ADDRESS "
+                            "as ray.init takes it (host:6379, ray://host:10001; without one: RAY_ADDRESS or the "
+                            "cluster this node is in). Each trial is the same fine-tuning run as locally, so the "
+                            "records and the winner are a local run's for the same seeds; each asks for --threads "
+                            "CPUs (default 1). The workers read and write the paths given here: OUT, the data and "
+                            "--base must be on storage every node sees at the same paths (on one machine, any "
+                            "local path)")
+    sweep.add_argument("--ray-asha", action="store_true",
+                       help="with --ray: stop weak trials early with Tune's ASHA scheduler on the dev evaluations "
+                            "reported while training (needs --eval-every-steps; grace period 1 evaluation, "
+                            "reduction factor 4). A stopped trial is recorded as `stopped`, never wins and is not "
+                            "re-run")
     sweep.add_argument("--config", type=Path, default=None,
                        help="YAML or JSON file of fine-tuning settings (the flags' names with underscores) and an "
                             "optional `grid:` mapping and `restarts:`; flags override the file")
@@ -139,6 +159,12 @@ def build_plan(args: argparse.Namespace):
         check_budget(plan)
     except ValueError as error:
         raise UsageError(str(error)) from None
+    if args.ray_asha and args.ray is None:
+        raise UsageError("--ray-asha schedules the trials of --ray: give --ray too")
+    if args.ray_asha and not settings.eval_every_steps:
+        raise UsageError("--ray-asha stops trials on the dev evaluations made while training: give --eval-every-steps")
+    if args.ray is not None and not plan.base.get("num_threads"):
+        plan.base["num_threads"] = 1  # a trial's CPUs on the cluster (a runtime setting: not the sweep's identity)
     return plan
 
 
@@ -155,7 +181,16 @@ def run_sweep_command(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     print(f"berth sweep: {len(plan.cells)} cells x {len(plan.seeds)} restarts into {plan.out}", file=sys.stderr)
     try:
-        record = run_sweep(plan)
+        if args.ray is not None:
+            from training.sweep_ray import RayUnavailable, run_sweep_on_ray
+
+            try:
+                record = run_sweep_on_ray(plan, args.ray, asha=args.ray_asha)
+            except RayUnavailable as error:
+                print(f"berth sweep: {error}", file=sys.stderr)
+                return 2
+        else:
+            record = run_sweep(plan)
     except SweepError as error:
         print(f"berth sweep: {error}", file=sys.stderr)
         return 2
