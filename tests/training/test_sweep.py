@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from berth.cli import main
+from tests.training.tiny_training import save_tiny_bert_folder
 from training.sweep_grid import PRESETS, GridError, expand, parse_grid, size
 from training.sweep_stats import best_cell_by_mean, cell_statistics, select_winner
 
@@ -26,17 +27,7 @@ SAMPLES = ROOT / "data" / "samples" / "topics"
 @pytest.fixture(scope="module")
 def tiny_base(tmp_path_factory) -> Path:
     """A 2-layer H32 BERT (random weights) saved as a model folder with the default base's tokenizer."""
-    import torch
-
-    from training.checkpoint import default_base_path, save_pretrained
-    from training.model import BertConfig, BertModel
-
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=512)
-    folder = tmp_path_factory.mktemp("tiny-base")
-    save_pretrained(BertModel(config), folder, tokenizer_from=default_base_path())
-    return folder
+    return save_tiny_bert_folder(tmp_path_factory.mktemp("tiny-base"))
 
 
 def sweep_args(base: Path, out: Path, *extra: str) -> list[str]:

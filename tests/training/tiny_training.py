@@ -139,6 +139,19 @@ def state_hash(model: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
+
+def save_tiny_bert_folder(folder: Path, max_position_embeddings: int = 512) -> Path:
+    """A 2-layer H32 BERT (random weights, seed 0) saved as a model folder with the default base's tokenizer: a
+    real `--base` for fine-tuning runs that must be quick."""
+    from training.checkpoint import default_base_path, save_pretrained
+    from training.model import BertModel
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=max_position_embeddings)
+    save_pretrained(BertModel(config), folder, tokenizer_from=default_base_path())
+    return folder
+
 def main() -> None:
     from training.trainer import TrainSettings, train
 
