@@ -66,11 +66,11 @@ def as_pod(name: str, template: dict) -> dict:
     }
 
 
-@pytest.mark.parametrize("version", [OLDEST_KUBERNETES, "latest"])
-def test_rayjob_validates_against_kubernetes_schemas(version):
+def check_against_kubernetes_schemas(found: list[dict], version: str, broken_group: str) -> None:
+    """A RayJob manifest's core objects and its pod templates (as Pods) validate strictly against `version`'s
+    schemas; `broken_group`'s template with a misspelt field does not (the check bites)."""
     kv = kubernetes_validate()
     version = kv.latest_version() if version == "latest" else version
-    found = objects()
     assert {(o["apiVersion"], o["kind"]) for o in found} == {*CRD_KINDS, ("v1", "PersistentVolumeClaim")}
     job = only(found, "RayJob")
     core = [o for o in found if (o["apiVersion"], o["kind"]) not in CRD_KINDS]
@@ -83,10 +83,15 @@ def test_rayjob_validates_against_kubernetes_schemas(version):
                 f"{obj['kind']}/{obj['metadata']['name']} invalid for Kubernetes {version}: "
                 f"{'.'.join(map(str, error.path))}: {error.message}"
             )
-    broken = as_pod("head", copy.deepcopy(pod_templates(job)["head"]))
+    broken = as_pod(broken_group.split()[0], copy.deepcopy(pod_templates(job)[broken_group]))
     broken["spec"]["containers"][0]["volumeMount"] = broken["spec"]["containers"][0].pop("volumeMounts")
     with pytest.raises(kv.ValidationError):  # the check bites on a misspelt field
         kv.validate(broken, version, strict=True)
+
+
+@pytest.mark.parametrize("version", [OLDEST_KUBERNETES, "latest"])
+def test_rayjob_validates_against_kubernetes_schemas(version):
+    check_against_kubernetes_schemas(objects(), version, "head")
 
 
 def test_rayjob_uses_only_kuberay_fields():
