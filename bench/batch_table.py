@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from bench.machine import machine_facts
-from tasks.bundle import load_bundle
-from tasks.onnx_session import create_session
+from tasks.bundle_checks import load_bundle
+from tasks.runtime.onnx_session import create_session
 
 LENGTHS = (16, 32, 64, 128, 256, 384, 512)
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads-sweep", action="store_true", help="also time 1..cores threads, spinning on/off")
     args = parser.parse_args(argv)
 
-    from tasks.cpu import usable_cpus
+    from tasks.runtime.cpu import usable_cpus
 
     bundle = load_bundle(args.bundle)
     cores = usable_cpus()

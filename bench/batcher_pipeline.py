@@ -26,7 +26,7 @@ from service.batcher import Batcher, BatchPolicy, clip_buckets
 from service.metrics import Metrics
 from service.models import OnnxEngine, load_bundle_tokenizer
 from tasks import common
-from tasks.bundle import load_bundle
+from tasks.bundle_checks import load_bundle
 from tasks.registry import definition
 
 SENTENCE = "It's a charming and often affecting journey, though it drags a little in its second half."

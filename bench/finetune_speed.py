@@ -55,7 +55,7 @@ def workloads(sst2_examples: int, squad_questions: int, conll_sentences: int = 0
               squad_lengths: tuple[int, ...] = (256, 384)) -> dict[str, dict[str, Any]]:
     """name -> spec (which head, as `berth finetune` chooses it), features, batch size: real data through the
     fine-tuning feature code."""
-    from tasks.tokenizer import load_tokenizer
+    from tasks.runtime.tokenizer import load_tokenizer
     from training import task_data
     from training.checkpoint import default_base_path
     from training.finetune import FinetuneSettings
@@ -194,7 +194,7 @@ def markdown_table(results: list[dict]) -> str:
 def padding_of_whole_sets(output: Path) -> None:
     """Padded / real tokens of one epoch over the *whole* training sets, random vs length-grouped order
     (batch 32, the trainer's own batch order; no timing, so the machine's load does not matter)."""
-    from tasks.cpu import usable_cpus as usable_cores
+    from tasks.runtime.cpu import usable_cpus as usable_cores
 
     rows = []
     for name, work in workloads(10**9, 10**9).items():
@@ -217,7 +217,7 @@ def padding_of_whole_sets(output: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from tasks.cpu import usable_cpus as usable_cores
+    from tasks.runtime.cpu import usable_cpus as usable_cores
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--compile", action="store_true", help="also the torch.compile variant")

@@ -149,8 +149,9 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tasks.bundle import find_bundles, load_bundle
-    from tasks.tokenizer import load_tokenizer
+    from tasks.bundle_checks import load_bundle
+    from tasks.runtime.bundle import find_bundles
+    from tasks.runtime.tokenizer import load_tokenizer
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", type=Path, required=True, help="the model repository both servers serve")

@@ -31,7 +31,7 @@ HEADLINE = ("accuracy", "f1", "exact", "precision", "recall", "pearson", "spearm
 
 def onnx_engine(model_path: Path, precision: str, threads: int):
     """`model_path` in ONNX Runtime as the task definitions' runner (what evaluation runs), and its provider."""
-    from tasks.onnx_session import create_session, onnx_item_runner
+    from tasks.runtime.onnx_session import create_session, onnx_item_runner
 
     session, provider = create_session(model_path, precision, intra_op_threads=threads)
     return onnx_item_runner(session), provider
@@ -43,7 +43,7 @@ def speed_pair(fp32_path: Path, int8_path: Path, length: int, vocab_size: int, t
     import numpy as np
 
     from export.optimize import synthetic_batch
-    from tasks.onnx_session import create_session
+    from tasks.runtime.onnx_session import create_session
 
     sessions = {name: create_session(path, name, threads)[0]
                 for name, path in (("fp32", fp32_path), ("int8", int8_path))}
@@ -75,7 +75,7 @@ def evaluate_all(folder: Path, data: Path, limit: int | None, threads: int, reci
     from export.bundle_builder import finetune_files
     from export.onnx_export import export_onnx, load_finetuned
     from export.precision import DEFAULT_RECIPE, RECIPES, to_int8
-    from tasks.tokenizer import load_tokenizer
+    from tasks.runtime.tokenizer import load_tokenizer
     from training.torch_runner import torch_item_runner
 
     torch.set_num_threads(threads)
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def speed_only(fp32_bundle: Path, int8_bundle: Path, threads: int, rounds: int) -> int:
-    from tasks.bundle import load_bundle
+    from tasks.bundle_checks import load_bundle
 
     fp32, int8 = load_bundle(fp32_bundle), load_bundle(int8_bundle)
     vocab = int(fp32.encoder_config.get("vocab_size", 30522))

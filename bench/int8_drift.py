@@ -57,8 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     from bench.int8_accuracy import onnx_engine
     from export import calibration, precision
     from export.onnx_export import export_onnx, load_finetuned
-    from tasks.onnx_session import create_session
-    from tasks.tokenizer import load_tokenizer
+    from tasks.runtime.onnx_session import create_session
+    from tasks.runtime.tokenizer import load_tokenizer
     from training import task_data
     from training.finetune import FinetuneSettings
 

@@ -44,10 +44,10 @@ def measure_model(folder: Path, recipes: tuple[str, ...], threads: int, rounds: 
     from export.onnx_export import export_onnx, load_finetuned
     from export.precision import RECIPES as ALL
     from export.precision import to_int8
-    from tasks.inference import Batch, run_batch
-    from tasks.onnx_session import create_session, onnx_item_runner, onnx_runner
     from tasks.registry import definition
-    from tasks.tokenizer import load_tokenizer
+    from tasks.runtime.inference import Batch, run_batch
+    from tasks.runtime.onnx_session import create_session, onnx_item_runner, onnx_runner
+    from tasks.runtime.tokenizer import load_tokenizer
     from training.torch_runner import torch_item_runner
 
     torch.set_num_threads(threads)

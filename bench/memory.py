@@ -274,7 +274,8 @@ def idle_markdown(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tasks.bundle import find_bundles, load_bundle
+    from tasks.bundle_checks import load_bundle
+    from tasks.runtime.bundle import find_bundles
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--table", type=Path, help="print the markdown table of a run's JSON and stop")

@@ -32,7 +32,7 @@ RESULTS = REPO / "bench" / "results" / "pooling_probe.json"
 @torch.no_grad()
 def features(model, tokenizer, texts: list[str], batch_size: int = 64) -> dict[str, np.ndarray]:
     from tasks import common
-    from tasks.batching import pad_batch
+    from tasks.runtime.batching import pad_batch
     from training.model import mean_pool
 
     out: dict[str, list[np.ndarray]] = {"cls": [], "mean": []}
@@ -69,7 +69,7 @@ def probe(train_x: np.ndarray, train_y: np.ndarray, dev_x: np.ndarray, dev_y: np
 
 def main(argv: list[str] | None = None) -> None:
     from tasks import readers
-    from tasks.tokenizer import load_tokenizer
+    from tasks.runtime.tokenizer import load_tokenizer
     from training.checkpoint import default_base_path, load_pretrained
     from training.model import BertModel
     from training.threads import default_threads

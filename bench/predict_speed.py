@@ -96,7 +96,7 @@ def engine_ceiling(bundle: Path, texts: list[str], threads: int, batch_sizes: li
     from concurrent.futures import ThreadPoolExecutor
 
     from predict.run import Model
-    from tasks.batching import pad_batch
+    from tasks.runtime.batching import pad_batch
 
     models = {lanes: Model(bundle, threads, lanes=lanes) for lanes in sorted({1, threads})}
     first = models[1]

@@ -49,9 +49,9 @@ def bm25_rankings(examples: list[RerankExample]) -> list[list[int]]:
 
 def load(folder: Path, threads: int) -> tuple[Any, Any, Any, str]:
     """A bundle's spec, its ONNX Runtime session as the task layer's runner, its tokenizer, its precision."""
-    from tasks.bundle import load_bundle
-    from tasks.onnx_session import create_session, onnx_item_runner
-    from tasks.tokenizer import load_tokenizer
+    from tasks.bundle_checks import load_bundle
+    from tasks.runtime.onnx_session import create_session, onnx_item_runner
+    from tasks.runtime.tokenizer import load_tokenizer
 
     bundle = load_bundle(folder)
     session, _ = create_session(bundle.model_path, bundle.precision, threads, prefer_gpu=False)

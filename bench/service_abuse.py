@@ -185,7 +185,7 @@ def gil_hold(models: Path, rounds: int = 5) -> dict[str, Any]:
     import threading
 
     from tasks import ner
-    from tasks.tokenizer import GilFreeTokenizer, load_tokenizer
+    from tasks.runtime.tokenizer import GilFreeTokenizer, load_tokenizer
 
     plain = load_tokenizer(models / "entities" / "tokenizer.json")
     text = filler(17000, 5)[:100_000]

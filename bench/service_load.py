@@ -148,8 +148,8 @@ def engine_figures(bundle, items: list[Any], threads: int, batch_sizes: list[int
     """Batch-1 p50 latency and best requests/s over `batch_sizes` (requests per batch), ORT alone: one pass at a
     time on `threads` threads, and `threads` passes at once on one thread each (two ways to fill the cores;
     the ceiling is the better one, so the service's share is measured against the stricter of the two)."""
-    from tasks.batching import pad_batch
-    from tasks.onnx_session import create_session
+    from tasks.runtime.batching import pad_batch
+    from tasks.runtime.onnx_session import create_session
 
     session, provider = create_session(bundle.model_path, bundle.precision, threads, prefer_gpu=False)
     single = create_session(bundle.model_path, bundle.precision, 1, prefer_gpu=False)[0] if threads > 1 else None
@@ -224,7 +224,8 @@ def export_precisions(repository: Path, precisions: list[str], work: Path, threa
     benchmark says so)."""
     from export.bundle_builder import export_bundle
     from export.parity import ParityError
-    from tasks.bundle import find_bundles, load_bundle
+    from tasks.bundle_checks import load_bundle
+    from tasks.runtime.bundle import find_bundles
 
     out = {}
     for precision in precisions:
@@ -259,7 +260,8 @@ def source_checkpoint(bundle: Any) -> Path:
 
 def peer_checkpoints(repository: Path) -> dict[str, Path]:
     """task -> the fine-tuned checkpoint of the repository's bundle of that task (for the naive peer)."""
-    from tasks.bundle import find_bundles, load_bundle
+    from tasks.bundle_checks import load_bundle
+    from tasks.runtime.bundle import find_bundles
 
     found = {}
     for folder in find_bundles(repository):
@@ -447,8 +449,8 @@ def int8_markdown(summary: list[dict[str, Any]]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tasks.bundle import load_bundle
-    from tasks.tokenizer import load_tokenizer
+    from tasks.bundle_checks import load_bundle
+    from tasks.runtime.tokenizer import load_tokenizer
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--markdown", type=Path, metavar="JSON", help="print the docs table of a result file and exit")
@@ -554,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
 def measure_workload(result: dict[str, Any], args: argparse.Namespace, name: str, load: dict[str, Any],
                      precision: str, bundle: Any, port: int, proc: subprocess.Popen) -> None:
     """The raw engine on the workload's request, then berth under hey at each level."""
-    from tasks.tokenizer import load_tokenizer
+    from tasks.runtime.tokenizer import load_tokenizer
 
     route = load.get("route") or definition(load["task"]).route
     if load["body"].get("model", "") is None:  # the bundle's name, which the Infinity peer is also served as

@@ -41,7 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from bench.machine import machine_facts
-from tasks.tokenizer import load_tokenizer
+from tasks.runtime.tokenizer import load_tokenizer
 from training.config import BertConfig
 from training.model import BertForPreTraining
 from training.trainer import TrainSettings, build_optimizer

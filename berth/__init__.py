@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tasks.version import berth_version
+from tasks.runtime.version import berth_version
 
 if TYPE_CHECKING:
     from berth.api import Model, RequestError, export, finetune, load

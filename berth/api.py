@@ -8,7 +8,7 @@
 
 A `Model` runs the steps the service runs for the task's route (the route's own request model validates the
 inputs and options, the route's adapter (service/handlers.py) prepares them with the task layer, the items run
-in padded batches on ONNX Runtime (tasks/inference.py), and the adapter decodes them), without HTTP, a queue or
+in padded batches on ONNX Runtime (tasks/runtime/inference.py), and the adapter decodes them), without HTTP, a queue or
 torch. The answer is the route's JSON as Python values (lists, dicts, floats), so `model(x)` equals the
 `results` of `POST <route>` with `{"inputs": x}`. `Model.request(path, body)` answers any route of the model's
 task with the route's whole response body (e.g. `/v1/embeddings` in OpenAI's shape, `/v1/similarity`).
@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from export.settings import ExportSettings
-    from tasks.bundle import Bundle
+    from tasks.runtime.bundle import Bundle
     from training.settings import FinetuneSettings
 
 __all__ = ["Model", "RequestError", "export", "finetune", "load"]
@@ -84,11 +84,12 @@ class Model:
         from service.handlers import HANDLERS
         from service.models import ServedModel
         from service.settings import ServiceSettings
-        from tasks.bundle import MODEL_FILE, TOKENIZER_FILE, load_bundle
-        from tasks.cpu import usable_cpus
-        from tasks.onnx_session import create_session
+        from tasks.bundle_checks import load_bundle
         from tasks.registry import definition
-        from tasks.tokenizer import GilFreeTokenizer, load_tokenizer
+        from tasks.runtime.bundle import MODEL_FILE, TOKENIZER_FILE
+        from tasks.runtime.cpu import usable_cpus
+        from tasks.runtime.onnx_session import create_session
+        from tasks.runtime.tokenizer import GilFreeTokenizer, load_tokenizer
 
         bundle = load_bundle(folder, verify_hashes=verify)
         spec = bundle.spec()
@@ -121,7 +122,7 @@ class Model:
 
     @property
     def bundle(self) -> Bundle:
-        """The verified manifest (tasks.bundle.Bundle): labels, max_seq_length, precision, metrics..."""
+        """The verified manifest (tasks.runtime.bundle.Bundle): labels, max_seq_length, precision, metrics..."""
         return self._served.bundle
 
     @property
@@ -171,8 +172,8 @@ class Model:
         from service.errors import ServiceError
         from service.inference import check_inputs
         from tasks.definition import per_input
-        from tasks.inference import PASS_OUTPUT_BYTES, BatchShape, run_items
-        from tasks.onnx_session import CUDA, onnx_runner, per_token_output_bytes
+        from tasks.runtime.inference import PASS_OUTPUT_BYTES, BatchShape, run_items
+        from tasks.runtime.onnx_session import CUDA, onnx_runner, per_token_output_bytes
 
         served, limits = self._served, self._limits
         inputs = body.inputs if isinstance(body.inputs, list) else [body.inputs]

@@ -28,7 +28,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.progress import Progress
+from tasks.runtime.progress import Progress
 from tasks.shipped_samples import SAMPLES
 
 EXAMPLES = SAMPLES / "examples.json"  # model name -> example inputs written into its bundle (the playground's)
@@ -202,7 +202,7 @@ def default_examples() -> dict[str, list]:
 
 def _model_record(recipe: Recipe, model_folder: Path, bundle: Path, metrics: dict[str, float], quality: dict,
                   wall: float, cpu: float) -> dict:
-    from tasks.bundle import load_bundle
+    from tasks.bundle_checks import load_bundle
 
     run = json.loads((model_folder / "finetune_run.json").read_text())
     return {"name": recipe.name, "task": recipe.task, "train": recipe.train, "dev": recipe.dev,
@@ -296,7 +296,7 @@ def _train_to_floor(recipe: Recipe, data_root: Path, work: Path, threads: int | 
     if _below_floor(recipe, metrics) and recipe.more:
         say(f"{tag}: under its floor; training on ({recipe.more})")
         model_folder = work / f"{recipe.name}-more"
-        from tasks.spec import TaskSpec
+        from tasks.runtime.spec import TaskSpec
 
         # From the first round's model, with its head as it is (a fine-tuned folder has no sentence-
         # transformers pooling file, so `auto` would switch a mean-pooled head to cls).
@@ -417,7 +417,8 @@ def _export(model_folder: Path, bundle: Path, precision: str, automatic: bool, t
 
 def _record_quality(bundle: Path, quality: dict) -> None:
     """Write the floor check into the bundle's manifest (`quality`), which the service lists."""
-    from tasks.bundle import MANIFEST_FILE, write_manifest
+    from export.bundle_writing import write_manifest
+    from tasks.runtime.bundle import MANIFEST_FILE
 
     manifest = json.loads((bundle / MANIFEST_FILE).read_text(encoding="utf-8"))
     manifest["quality"] = quality

@@ -12,7 +12,7 @@ import argparse
 import importlib
 import sys
 
-from tasks.version import berth_version
+from tasks.runtime.version import berth_version
 
 # In the order they appear in `berth --help`.
 SUBCOMMAND_MODULES = [

@@ -16,25 +16,15 @@ from typing import Any, Literal
 import onnxruntime
 
 from export import calibration, invariance, onnx_export, optimize, parity
+from export.bundle_writing import load_private_key, sign_bundle, write_manifest
 from export.precision import DEFAULT_RECIPE, RECIPES, to_fp16, to_int8
-from tasks.bundle import (
-    FORMAT_VERSION,
-    MODEL_FILE,
-    PRECISION_PROVIDERS,
-    TOKENIZER_FILE,
-    Bundle,
-    check_examples,
-    file_sha256,
-    load_bundle,
-    load_private_key,
-    sign_bundle,
-    write_manifest,
-)
+from tasks.bundle_checks import check_examples, load_bundle
 from tasks.model_card import CARD_FILE, bundle_card, checkpoint_reference, portable_paths
-from tasks.onnx_session import CPU, CUDA, create_session, onnx_item_runner, onnx_runner
-from tasks.progress import Progress, counted
 from tasks.registry import definition, head_class
-from tasks.tokenizer import load_tokenizer
+from tasks.runtime.bundle import FORMAT_VERSION, MODEL_FILE, PRECISION_PROVIDERS, TOKENIZER_FILE, Bundle, file_sha256
+from tasks.runtime.onnx_session import CPU, CUDA, create_session, onnx_item_runner, onnx_runner
+from tasks.runtime.progress import Progress, counted
+from tasks.runtime.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +72,7 @@ def export_bundle(
     - `int8_recipe` (one of `export.precision.RECIPES`, default `DEFAULT_RECIPE`); static recipes are
       calibrated on `calibration_file` (default: the checkpoint's training file).
     - `signing_key`: an Ed25519 private key (PEM, as `berth sign-bundle --new-key` writes) to sign the
-      bundle with (`tasks.bundle.sign_bundle`); read before the export starts, so a bad key fails at once.
+      bundle with (`export.bundle_writing.sign_bundle`); read before the export starts, so a bad key fails at once.
     - The batch-invariance gate (`export.invariance`): each parity input alone and among random neighbours, on
       the CPU session; figures in the manifest's `batch_invariance`. Over its bound the export fails with
       `invariance.InvarianceError`, unless `allow_batch_dependent`: the bundle is then marked

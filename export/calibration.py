@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from tasks.batching import pad_batch
-from tasks.spec import TaskSpec
+from tasks.runtime.batching import pad_batch
+from tasks.runtime.spec import TaskSpec
 
 # Training examples fed through the fp32 graph to fix the activation ranges (a seeded sample).
 DEFAULT_EXAMPLES = 128

@@ -138,10 +138,12 @@ def convert_bundle(folder: str | Path, out: str | Path | None = None, data_dir: 
     reference. Raises `parity.ParityError` (nothing written) when either fails; returns the report, also written
     into the manifest (`optimization.int8.word_embeddings`). The bundle's signature, if any, is dropped."""
     from export import parity
-    from tasks.bundle import MANIFEST_FILE, MODEL_FILE, TOKENIZER_FILE, load_bundle, write_manifest
-    from tasks.onnx_session import create_session, onnx_item_runner, onnx_runner
+    from export.bundle_writing import write_manifest
+    from tasks.bundle_checks import load_bundle
     from tasks.registry import definition
-    from tasks.tokenizer import load_tokenizer
+    from tasks.runtime.bundle import MANIFEST_FILE, MODEL_FILE, TOKENIZER_FILE
+    from tasks.runtime.onnx_session import create_session, onnx_item_runner, onnx_runner
+    from tasks.runtime.tokenizer import load_tokenizer
 
     folder = Path(folder)
     out = Path(out) if out is not None else folder

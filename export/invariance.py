@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 
 from export.parity import ParityError, ParityExample, task_answer
-from tasks.inference import Batch, Runner, run_batch
 from tasks.registry import definition
-from tasks.spec import TaskSpec
+from tasks.runtime.inference import Batch, Runner, run_batch
+from tasks.runtime.spec import TaskSpec
 
 # The largest |Δ| of any raw output (logits, scores, vectors) between an item alone and in a batch.
 MAX_ABS_DIFF = 1e-3

@@ -16,9 +16,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from tasks.batching import MODEL_INPUT_NAMES
 from tasks.registry import definition, head_class
-from tasks.spec import TASK_FILE, TaskSpec
+from tasks.runtime.batching import MODEL_INPUT_NAMES
+from tasks.runtime.spec import TASK_FILE, TaskSpec
 from training.checkpoint import LoadReport, load_pretrained
 from training.model import MODEL_CLASSES, BertPreTrainedModel
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from tasks.onnx_session import create_session
+from tasks.runtime.onnx_session import create_session
 
 log = logging.getLogger(__name__)
 

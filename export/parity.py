@@ -30,10 +30,10 @@ from tokenizers import Tokenizer
 
 from tasks.definition import ItemOutputs, Prepared
 from tasks.embedding import EMBEDDING_MIN_COSINE
-from tasks.inference import ItemRunner, Runner, iter_batches, offline_shape
 from tasks.registry import definition
+from tasks.runtime.inference import ItemRunner, Runner, iter_batches, offline_shape
+from tasks.runtime.spec import TaskSpec
 from tasks.shipped_samples import SAMPLES
-from tasks.spec import TaskSpec
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ def run_pair(
         ref, cand = reference(feeds), candidate(feeds)
         return {**{f"reference/{n}": ref[n] for n in task_outputs}, **{f"candidate/{n}": cand[n] for n in task_outputs}}
 
-    # The service's path (tasks/inference.py): sorted by length, padded to the batch's longest rounded to 8.
+    # The service's path (tasks/runtime/inference.py): sorted by length, padded to the batch's longest rounded to 8.
     trimmed = {f"{side}/{name}" for side in ("reference", "candidate") for name in token_outputs}
     for batch, rows in iter_batches(run_both, features, trimmed, offline_shape(features, batch_size)):
         lengths += [len(features[i]) for i in batch.members]

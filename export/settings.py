@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.spec import Task
+from tasks.runtime.spec import Task
 
 
 class ExportSettings(BaseModel):

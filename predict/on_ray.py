@@ -35,7 +35,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from predict import io
 from predict.run import Columns, Job, Model, Predictor, Progress, errors_path, setup, summary, task_options
-from tasks.bundle import load_bundle
+from tasks.bundle_checks import load_bundle
 from tasks.registry import definition
 
 

@@ -30,12 +30,14 @@ from typing import Any
 
 from predict import io, results
 from predict.parts import PartStore
-from tasks.bundle import MODEL_FILE, TOKENIZER_FILE, check_label_count, load_bundle
+from tasks.bundle_checks import check_label_count, load_bundle
 from tasks.common import InputFailed
-from tasks.cpu import usable_cpus
 from tasks.definition import Prepared, per_input
-from tasks.inference import PASS_OUTPUT_BYTES, BatchShape, run_items
-from tasks.onnx_session import (
+from tasks.registry import definition
+from tasks.runtime.bundle import MODEL_FILE, TOKENIZER_FILE
+from tasks.runtime.cpu import usable_cpus
+from tasks.runtime.inference import PASS_OUTPUT_BYTES, BatchShape, run_items
+from tasks.runtime.onnx_session import (
     CPU,
     CUDA,
     MemoryPolicy,
@@ -45,8 +47,7 @@ from tasks.onnx_session import (
     per_token_output_bytes,
     set_memory_policy,
 )
-from tasks.registry import definition
-from tasks.tokenizer import GilFreeTokenizer, load_tokenizer
+from tasks.runtime.tokenizer import GilFreeTokenizer, load_tokenizer
 
 PREPARE_CHUNK = 256  # inputs prepared by one prepare_many call: a refused input costs at most a chunk's redo
 
@@ -309,11 +310,11 @@ class Predictor:
 
 
 class Progress:
-    """Rows written, through the shared reporter (tasks/progress.py): a bar on a terminal, else a line at least
+    """Rows written, through the shared reporter (tasks/runtime/progress.py): a bar on a terminal, else a line at least
     every 30 s on stderr; the total is estimated from the share of the input read so far."""
 
     def __init__(self, fraction: Callable[[int], float], rows_before: int, enabled: bool):
-        from tasks.progress import Progress as Reporter
+        from tasks.runtime.progress import Progress as Reporter
 
         self.fraction = fraction  # rows done -> how much of the input is behind
         self.reporter = Reporter("berth predict", unit="rows", initial=rows_before, enabled=enabled)

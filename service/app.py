@@ -18,7 +18,7 @@ from service.playground import install_playground
 from service.routes import probes, v1, v2
 from service.runtime import Runtime
 from service.settings import ServiceSettings
-from tasks.version import berth_version
+from tasks.runtime.version import berth_version
 
 DESCRIPTION = """BERT heads served on ONNX Runtime with dynamic batching.
 

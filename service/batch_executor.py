@@ -1,4 +1,4 @@
-"""The compute of one model's batcher: forward passes through the one inference path (tasks/inference.py), each
+"""The compute of one model's batcher: forward passes through the one inference path (tasks/runtime/inference.py), each
 returning every member's outcome, its rows (`Computed`) or the error that failed it.
 
 A take runs as one batch per padded width, planned and padded beforehand (`pad_take`; CPU: to the longest item
@@ -34,7 +34,7 @@ import numpy as np
 from service.batch_errors import NonFiniteOutput, PassTimedOut
 from service.compute_slots import ComputeSlots
 from service.metrics import Metrics
-from tasks.inference import (
+from tasks.runtime.inference import (
     Batch,
     BatchShape,
     Keep,

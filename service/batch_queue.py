@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, NamedTuple
 
-from tasks.inference import BatchShape, Keep, ModelItem
+from tasks.runtime.inference import BatchShape, Keep, ModelItem
 
 
 class ItemState(Enum):
@@ -38,7 +38,7 @@ class Item:
     length: int
     deadline: float  # time.monotonic() after which computing it is pointless
     enqueued_at: float
-    keep: Keep | None = None  # what the item keeps of its pass (tasks/inference.py)
+    keep: Keep | None = None  # what the item keeps of its pass (tasks/runtime/inference.py)
     future: Any = None  # whoever waits for it (the batcher's asyncio future); the queue never looks at it
     state: ItemState = ItemState.QUEUED
 

@@ -2,8 +2,8 @@
 that run its forward passes, and the canary passes that tell the model's health.
 
 An item is one model input (a text, a pair, a QA or NER window); the items taken from the queue at once (a *take*)
-run as one batch per padded width through the one inference path (tasks/inference.py) that training's dev metrics
-and the parity gate use too. The queue and its fair take are service/batch_queue.py (no event loop), the forward
+run as one batch per padded width through the one inference path (tasks/runtime/inference.py) that training's dev
+metrics and the parity gate use too. The queue and its fair take are service/batch_queue.py (no event loop), the forward
 passes service/batch_executor.py (retry by halves, watchdog, finiteness check). The batcher only queues: it raises
 its own errors (service/batch_errors.py), and the service maps them to HTTP (service/errors.py).
 
@@ -86,7 +86,7 @@ from service.batch_queue import Item, ItemQueue
 from service.compute_slots import ComputeSlots
 from service.metrics import Metrics
 from service.model_health import FAILURE_TEXT, Change, ModelHealth, Transition
-from tasks.inference import BatchShape, Keep, ModelItem, Runner
+from tasks.runtime.inference import BatchShape, Keep, ModelItem, Runner
 
 log = logging.getLogger("berth.service.batcher")
 
@@ -108,7 +108,8 @@ class ItemResult:
 
 @dataclass(slots=True)
 class BatchPolicy(BatchShape):
-    """The batch shape (tasks/inference.py: widths, batch size per width, token budget) and the queue's limits."""
+    """The batch shape (tasks/runtime/inference.py: widths, batch size per width, token budget) and the queue's
+    limits."""
 
     max_wait_s: float = 0.002
     max_queue_items: int = 2048

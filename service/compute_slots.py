@@ -1,5 +1,5 @@
 """The process's cores as compute units that forward passes hold (`ComputeSlots`), counted by
-`tasks.cpu.usable_cpus`: share one `ComputeSlots` of that many units among the forward passes of a process.
+`tasks.runtime.cpu.usable_cpus`: share one `ComputeSlots` of that many units among the forward passes of a process.
 """
 
 from __future__ import annotations

@@ -26,9 +26,9 @@ from service.schemas import EmbeddingsRequest
 from tasks.common import InputFailed, InputTooLong, Refusal
 from tasks.definition import Endpoint, ItemOutputs, Prepared, TaskDefinition
 from tasks.embedding import cosine
-from tasks.inference import Keep
 from tasks.registry import DEFINITIONS, definition
-from tasks.tokenizer import truncation
+from tasks.runtime.inference import Keep
+from tasks.runtime.tokenizer import truncation
 
 Outputs = list[ItemOutputs]  # one dict of output rows per model item
 
@@ -130,7 +130,7 @@ class TaskHandler:
             self.definition.check_prepared(model.spec, prepared, body, settings)
 
     def keep(self, model: ServedModel, body: Any) -> Keep:
-        """What each item keeps of its forward pass for this request (tasks/inference.py `Keep`)."""
+        """What each item keeps of its forward pass for this request (tasks/runtime/inference.py `Keep`)."""
         return self.definition.keep(model.tokenizer, model.spec, body)
 
     def response_bytes(self, model: ServedModel, prepared: list[Prepared], body: Any) -> int:

@@ -6,7 +6,7 @@
     in the tokenizer thread when the request or its answer is large)
 
 What a request holds is bounded before any inference: each item keeps only what its task needs of its
-forward pass (tasks/inference.py `Keep`, reduced in the pass's worker thread), and the answer's JSON bytes,
+forward pass (tasks/runtime/inference.py `Keep`, reduced in the pass's worker thread), and the answer's JSON bytes,
 estimated by the task, must fit `max_response_bytes` (else 413) and, with every other request in progress,
 `max_inflight_response_bytes` (else 429; 413 when the request alone is larger).
 

@@ -1,9 +1,9 @@
 """The model repository: a folder of bundles, each checked, given an ONNX Runtime session, a batcher
 and a warm-up, then served.
 
-Bundles are verified with the shared loader (`tasks.bundle.load_bundle`: manifest, format version,
+Bundles are verified with the shared loader (`tasks.bundle_checks.load_bundle`: manifest, format version,
 sha256 of every file) before anything else happens, so a bad repository fails at start with the
-file and the reason. Sessions come from the shared factory (`tasks.onnx_session.create_session`):
+file and the reason. Sessions come from the shared factory (`tasks.runtime.onnx_session.create_session`):
 CUDA when present and fit for the bundle's precision, else the CPU with the configured intra-op threads.
 """
 
@@ -27,24 +27,23 @@ from service.compute_slots import ComputeSlots
 from service.errors import ErrorType, ServiceError
 from service.metrics import Metrics
 from service.settings import ServiceSettings
-from tasks.bundle import (
+from tasks.bundle_checks import check_label_count, load_bundle
+from tasks.definition import TaskDefinition
+from tasks.registry import definition
+from tasks.runtime.bundle import (
     MODEL_FILE,
     TOKENIZER_FILE,
     Bundle,
     BundleError,
-    check_label_count,
     external_data_locations,
     find_bundles,
-    load_bundle,
     load_public_key,
 )
-from tasks.cpu import usable_cpus
-from tasks.definition import TaskDefinition
-from tasks.inference import BatchTable
-from tasks.onnx_session import CUDA, create_session, per_token_output_bytes
-from tasks.registry import definition
-from tasks.spec import TaskSpec
-from tasks.tokenizer import CLS, SEP, UNK, EncodedInput, GilFreeTokenizer
+from tasks.runtime.cpu import usable_cpus
+from tasks.runtime.inference import BatchTable
+from tasks.runtime.onnx_session import CUDA, create_session, per_token_output_bytes
+from tasks.runtime.spec import TaskSpec
+from tasks.runtime.tokenizer import CLS, SEP, UNK, EncodedInput, GilFreeTokenizer
 
 log = logging.getLogger("berth.service.models")
 

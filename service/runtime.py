@@ -42,10 +42,10 @@ from service.metrics import Metrics
 from service.models import RepositoryError, ServedModel, canary_item, discover, load_model, resolve_model
 from service.settings import ServiceSettings
 from service.workers import WorkerBoard
-from tasks.bundle import Bundle
-from tasks.cpu import usable_cpus
-from tasks.onnx_session import CPU, MemoryPolicy, memory_policy, set_memory_policy, trim_heap
-from tasks.tokenizer import GilFreeTokenizer
+from tasks.runtime.bundle import Bundle
+from tasks.runtime.cpu import usable_cpus
+from tasks.runtime.onnx_session import CPU, MemoryPolicy, memory_policy, set_memory_policy, trim_heap
+from tasks.runtime.tokenizer import GilFreeTokenizer
 
 log = logging.getLogger("berth.service")
 

@@ -27,7 +27,7 @@ def main(settings: ServiceSettings) -> int:
     from service.models import RepositoryError
     from service.runtime import Runtime
     from service.tracing import TracingError, setup_from_env
-    from tasks.cpu import usable_cpus
+    from tasks.runtime.cpu import usable_cpus
 
     # encode_batch's Rust pool: as many threads as the tokenizer workers, not one per host core
     os.environ.setdefault("RAYON_NUM_THREADS", str(settings.tokenizer_threads))

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from tasks.inference import PASS_OUTPUT_BYTES
+from tasks.runtime.inference import PASS_OUTPUT_BYTES
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 

@@ -16,7 +16,7 @@ from pydantic import Strict
 from service.errors import ErrorType, ServiceError
 from tasks.common import InputFailed, InputTooLong
 from tasks.definition import Prepared, TaskDefinition
-from tasks.tokenizer import CLS, SEP, EncodedInput
+from tasks.runtime.tokenizer import CLS, SEP, EncodedInput
 
 if TYPE_CHECKING:
     from service.models import ServedModel

@@ -75,7 +75,7 @@ def setup_from_env(environ: Mapping[str, str] | None = None) -> list[str]:
                            "pip install 'berth[otel]'") from None
     exporters = [_exporter(name, environ) for name in names]
     named = "OTEL_SERVICE_NAME" in environ or "service.name=" in environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
-    from tasks.version import berth_version
+    from tasks.runtime.version import berth_version
 
     attributes = {"service.version": berth_version(), **({} if named else {"service.name": "berth"})}
     provider = TracerProvider(resource=Resource.create(attributes))
@@ -114,7 +114,7 @@ def use(provider: Any) -> None:
     global ACTIVE, _tracer, _provider, _propagator
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-    from tasks.version import berth_version
+    from tasks.runtime.version import berth_version
 
     _provider, _propagator = provider, TraceContextTextMapPropagator()
     _tracer = provider.get_tracer("berth.service", berth_version())

@@ -32,7 +32,7 @@ from tasks.definition import (
     columns,
     truncation_fields,
 )
-from tasks.tokenizer import truncation
+from tasks.runtime.tokenizer import truncation
 
 SINGLE_LABEL = "single_label_classification"
 MULTI_LABEL = "multi_label_classification"

@@ -9,7 +9,7 @@ from typing import ClassVar
 import numpy as np
 from tokenizers import Tokenizer
 
-from tasks.tokenizer import EncodedInput, encode_many
+from tasks.runtime.tokenizer import EncodedInput, encode_many
 
 OFFSETS_NOTE = ("Offsets are Python str indices (code points) into the caller's original string, end "
                 "exclusive: text[start:end] is the span's text.")

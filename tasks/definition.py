@@ -32,10 +32,10 @@ from pydantic import BaseModel, ConfigDict
 from tokenizers import Tokenizer
 
 from tasks.common import InputFailed
-from tasks.inference import ItemRunner, Keep
+from tasks.runtime.inference import ItemRunner, Keep
 
 if TYPE_CHECKING:
-    from tasks.spec import TaskSpec
+    from tasks.runtime.spec import TaskSpec
 
 ItemOutputs = dict[str, np.ndarray]  # one model item's output rows by output name (per token: trimmed to it)
 
@@ -195,7 +195,7 @@ class TaskDefinition:
     def spec_from_checkpoint(self, folder: Path, config: dict[str, Any], pooling: str | None = None) -> TaskSpec:
         """The spec of a Hugging Face checkpoint folder that has no berth_task.json, read as this task: the labels
         of its config.json where the task has labels. `pooling` is for tasks that pool (embedding)."""
-        from tasks.spec import TaskSpec
+        from tasks.runtime.spec import TaskSpec
 
         problem_type = config.get("problem_type")
         id2label = config.get("id2label") or {}
@@ -240,7 +240,7 @@ class TaskDefinition:
 
     def check_input(self, bundle: Any, raw: Any, options: Any, index: int) -> None:
         """What the task refuses in input `index` before it is tokenized (`bundle`: the served model's
-        `tasks.bundle.Bundle`); nothing by default."""
+        `tasks.runtime.bundle.Bundle`); nothing by default."""
 
     def check_prepared(self, spec: TaskSpec, prepared: Sequence[Prepared], options: Any, limits: Any) -> None:
         """What the task refuses once the inputs are tokenized; nothing by default."""

@@ -31,8 +31,8 @@ from tasks.definition import (
     columns,
     truncation_fields,
 )
-from tasks.inference import Keep
-from tasks.tokenizer import EncodedInput, truncation
+from tasks.runtime.inference import Keep
+from tasks.runtime.tokenizer import EncodedInput, truncation
 
 POOLING_MODES = ("mean", "cls", "max")
 DEFAULT_MAX_SEQ_LENGTH = 512

@@ -21,8 +21,8 @@ from tokenizers import Tokenizer
 from tasks import readers
 from tasks.common import InputFailed, InputTooLong, Refusal, TooLarge, margin, softmax
 from tasks.definition import Endpoint, ListOf, Prepared, RowLayout, StructOf, TaskDefinition, columns
-from tasks.inference import Keep
-from tasks.tokenizer import MASK, PAD, EncodedInput
+from tasks.runtime.inference import Keep
+from tasks.runtime.tokenizer import MASK, PAD, EncodedInput
 
 
 def mask_positions(tokenizer: Tokenizer, encoded: EncodedInput) -> list[int]:
@@ -106,7 +106,7 @@ class FillMaskTask(TaskDefinition):
     def prepare_many(self, tokenizer, spec, inputs: Sequence[str], options) -> list[Prepared]:
         """InputFailed with NoMask for a text without [MASK], with InputTooLong above max_seq_length (a masked
         text is never cut), for the first input that has either."""
-        from tasks.tokenizer import encode_many
+        from tasks.runtime.tokenizer import encode_many
 
         prepared = []
         for index, encoded in enumerate(encode_many(tokenizer, inputs, max_length=None)):
@@ -170,7 +170,7 @@ class FillMaskTask(TaskDefinition):
         return [MaskedText(text) for text in readers.read_sentences(path, size)]
 
     def prepare_parity(self, tokenizer, spec, raw: MaskedText) -> Prepared:
-        from tasks.tokenizer import encode
+        from tasks.runtime.tokenizer import encode
 
         encoded = encode(tokenizer, raw.text, max_length=spec.max_seq_length)
         position = max(1, (len(encoded) - 1) // 2)

@@ -44,7 +44,7 @@ from tasks.definition import (
     TaskDefinition,
     columns,
 )
-from tasks.tokenizer import EncodedInput, truncation
+from tasks.runtime.tokenizer import EncodedInput, truncation
 
 SWAG_ENDINGS = ("ending0", "ending1", "ending2", "ending3")
 

@@ -29,9 +29,9 @@ from tokenizers import Tokenizer
 from tasks import readers
 from tasks.common import OFFSETS_NOTE, LabelSet, margin, softmax
 from tasks.definition import Endpoint, ListOf, Prepared, RowLayout, StructOf, TaskDefinition, columns
-from tasks.graphemes import extend_end
 from tasks.ner_metrics import OUTSIDE, split_tag
-from tasks.tokenizer import CLS, SEP, UNK, EncodedInput, encode
+from tasks.runtime.graphemes import extend_end
+from tasks.runtime.tokenizer import CLS, SEP, UNK, EncodedInput, encode
 
 IGNORE_INDEX = -100  # label of the tokens the loss ignores (PyTorch's CrossEntropyLoss default)
 AGGREGATIONS = ("none", "simple", "first", "average", "max")
@@ -245,7 +245,7 @@ class _Units:
 
 
 def _clusters(text: str, start: int, end: int) -> list[tuple[int, int]]:
-    """The grapheme clusters of text[start:end] (the last one cut at `end`), see tasks.graphemes."""
+    """The grapheme clusters of text[start:end] (the last one cut at `end`), see tasks.runtime.graphemes."""
     out = []
     while start < end:
         stop = min(max(extend_end(text, start + 1), start + 1), end)
@@ -416,7 +416,7 @@ def decode_entities(
        but returns its whole span.
     3. Characters as people see them: trimming removes whole grapheme clusters (an emoji with its
        skin tone, variation selector or zero-width-joiner sequence, a flag), and an entity's end never
-       splits one (it moves past combining accents the normalizer stripped, see `tasks.graphemes`).
+       splits one (it moves past combining accents the normalizer stripped, see `tasks.runtime.graphemes`).
 
     Otherwise spans and scores are the pipeline's: they differ only where these rules apply. The
     entity's score is the mean of its units' scores, a joining hyphen counted only when tagged with the

@@ -8,7 +8,7 @@ A window is `[CLS] question [SEP] context-slice [SEP]` (token types 0 then 1), a
 `max_seq_length` tokens. The question is cut to `max_query_length` tokens (as google-research/bert
 does); the context is tokenized once, uncut, and sliced into windows.
 
-`doc_stride` follows the Hugging Face convention (and `tasks.spec.TaskSpec`): it is the number of
+`doc_stride` follows the Hugging Face convention (and `tasks.runtime.spec.TaskSpec`): it is the number of
 context tokens two consecutive windows SHARE (the overlap), so the next window starts
 `room - doc_stride` context tokens later, where room = max_seq_length - question tokens - 3.
 (google-research/bert's run_squad.py calls the advance step doc_stride: its 384/128 equals an overlap
@@ -44,8 +44,8 @@ from tasks.definition import (
     TaskDefinition,
     columns,
 )
-from tasks.graphemes import extend_end
-from tasks.tokenizer import CLS, SEP
+from tasks.runtime.graphemes import extend_end
+from tasks.runtime.tokenizer import CLS, SEP
 
 # ---------------------------------------------------------------------------------------------
 # Reading SQuAD files
@@ -155,7 +155,7 @@ class QAWindow:
     `context_start .. context_end - 1` (none when the context is empty); `offsets[i]` is the
     (start, end) character span in `context` of the token at position i, (0, 0) for question and
     special tokens. Has `input_ids`, `token_type_ids` and `len()`, like `EncodedInput`, so
-    `tasks.batching.pad_batch` pads it.
+    `tasks.runtime.batching.pad_batch` pads it.
     """
 
     input_ids: np.ndarray  # (T,) int64
@@ -203,7 +203,7 @@ def make_windows(
 ) -> list[QAWindow]:
     """All windows of a (question, context) pair; see the module docstring for the layout and stride.
 
-    The tokenizer must have no truncation or padding configured (`tasks.tokenizer.load_tokenizer`
+    The tokenizer must have no truncation or padding configured (`tasks.runtime.tokenizer.load_tokenizer`
     switches them off): either would silently drop context.
     """
     if max_query_length < 0:
@@ -215,7 +215,7 @@ def make_windows(
         )
     if tokenizer.truncation is not None or tokenizer.padding is not None:
         raise ValueError(
-            "the tokenizer has truncation or padding configured; use tasks.tokenizer.plain_tokenizer"
+            "the tokenizer has truncation or padding configured; use tasks.runtime.tokenizer.plain_tokenizer"
         )
     cls_id, sep_id = tokenizer.token_to_id(CLS), tokenizer.token_to_id(SEP)
     question_ids = tokenizer.encode(question, add_special_tokens=False).ids

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from tasks import classification, embedding, fill_mask, multiple_choice, ner, qa, rerank
 from tasks.definition import TaskDefinition
-from tasks.spec import TaskSpec
+from tasks.runtime.spec import TaskSpec
 
 TASK_MODULES = (classification, ner, qa, embedding, fill_mask, multiple_choice, rerank)  # the order of the routes
 

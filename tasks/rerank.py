@@ -31,9 +31,9 @@ from tasks.definition import (
     TaskDefinition,
     columns,
 )
-from tasks.inference import Keep
 from tasks.qa import window_spans
-from tasks.tokenizer import CLS, SEP
+from tasks.runtime.inference import Keep
+from tasks.runtime.tokenizer import CLS, SEP
 
 SPECIAL_TOKENS_PER_SEQUENCE = 3  # [CLS] query [SEP] document [SEP]
 MRR_CUTOFF = 10

@@ -29,6 +29,6 @@ def base_path() -> Path:
 
 @pytest.fixture(scope="session")
 def tokenizer(base_path):
-    from tasks.tokenizer import load_tokenizer
+    from tasks.runtime.tokenizer import load_tokenizer
 
     return load_tokenizer(base_path)

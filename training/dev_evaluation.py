@@ -15,7 +15,7 @@ from typing import Any
 from torch import nn
 
 from tasks.registry import definition
-from tasks.spec import TaskSpec
+from tasks.runtime.spec import TaskSpec
 from training.callbacks import BestCheckpoint, EarlyStopping, TrainerCallback, greater_is_better
 from training.settings import FinetuneSettings
 from training.torch_runner import torch_item_runner

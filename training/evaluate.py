@@ -12,9 +12,9 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from tasks.bundle import MANIFEST_FILE
-from tasks.inference import ItemRunner
-from tasks.spec import TaskSpec
+from tasks.runtime.bundle import MANIFEST_FILE
+from tasks.runtime.inference import ItemRunner
+from tasks.runtime.spec import TaskSpec
 
 
 def evaluate_model(
@@ -51,7 +51,7 @@ def _torch_runner(folder: Path, device: str) -> tuple[TaskSpec, ItemRunner, Toke
     import torch
 
     from tasks.registry import head_class
-    from tasks.tokenizer import load_tokenizer
+    from tasks.runtime.tokenizer import load_tokenizer
     from training import model as models
     from training.checkpoint import load_pretrained
     from training.torch_runner import torch_item_runner
@@ -65,9 +65,9 @@ def _torch_runner(folder: Path, device: str) -> tuple[TaskSpec, ItemRunner, Toke
 
 def _bundle_runner(folder: Path) -> tuple[TaskSpec, ItemRunner, Tokenizer]:
     """The bundle's spec, its ONNX Runtime session (on the CPU) as the task definitions' runner, its tokenizer."""
-    from tasks.bundle import load_bundle
-    from tasks.onnx_session import create_session, onnx_item_runner
-    from tasks.tokenizer import load_tokenizer
+    from tasks.bundle_checks import load_bundle
+    from tasks.runtime.onnx_session import create_session, onnx_item_runner
+    from tasks.runtime.tokenizer import load_tokenizer
 
     bundle = load_bundle(folder, verify_hashes=True)
     session, _ = create_session(bundle.model_path, bundle.precision, 0, prefer_gpu=False)

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from tasks.registry import definition
-from tasks.spec import TaskSpec
+from tasks.runtime.spec import TaskSpec
 from training.model import DEFAULT_FEATURE_LAYERS, BertFeatureBasedTokenClassification
 from training.torch_runner import predict
 

@@ -88,7 +88,7 @@ def run_finetune(settings: FinetuneSettings, callbacks: Sequence[TrainerCallback
 
     from tasks.classification import REGRESSION
     from tasks.registry import definition, head_class
-    from tasks.tokenizer import load_tokenizer
+    from tasks.runtime.tokenizer import load_tokenizer
     from training import dev_evaluation, feature_based, task_data, trackers
     from training import model as models
     from training.checkpoint import load_pretrained, save_pretrained

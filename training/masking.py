@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from tokenizers import Tokenizer
 
-from tasks.tokenizer import CLS, MASK, PAD, SEP
+from tasks.runtime.tokenizer import CLS, MASK, PAD, SEP
 
 IGNORE_INDEX = -100
 _BRACKETED = re.compile(r"^\[.+\]$")  # [PAD] [UNK] [CLS] [SEP] [MASK] [unused0] ...

@@ -44,7 +44,7 @@ CURVES = ("mlm_accuracy", "mlm_loss", "nsp_accuracy", "nsp_loss")  # logged at e
 def prepare_tokenizer(settings: PretrainSettings) -> Tokenizer:
     """Load `settings.tokenizer`, else reuse the one already in `out` (when resuming), else train one
     on the corpus; in every case save it into `out`, where the checkpoint needs it."""
-    from tasks.tokenizer import load_tokenizer, save_tokenizer, train_wordpiece
+    from tasks.runtime.tokenizer import load_tokenizer, save_tokenizer, train_wordpiece
 
     out = Path(settings.out)
     if settings.tokenizer is not None:
@@ -203,7 +203,7 @@ def run_pretrain(settings: PretrainSettings) -> dict[str, Any]:
     (empty on ranks other than 0 of a torchrun launch)."""
     import torch
 
-    from tasks.tokenizer import load_tokenizer
+    from tasks.runtime.tokenizer import load_tokenizer
     from training.checkpoint import save_pretrained
     from training.distributed import barrier, setup_distributed, teardown_distributed
     from training.pretraining_data import collate
@@ -349,7 +349,7 @@ def evaluate_pretrained_folder(
     """
     import torch
 
-    from tasks.tokenizer import load_tokenizer
+    from tasks.runtime.tokenizer import load_tokenizer
     from training.checkpoint import load_pretrained
     from training.model import BertForMaskedLM, BertForPreTraining
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from tasks.tokenizer import CLS, SEP
+from tasks.runtime.tokenizer import CLS, SEP
 from training.corpus import (
     DEFAULT_MAX_DOCUMENT_CHARS,
     CorpusFormat,

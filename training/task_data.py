@@ -21,10 +21,10 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from tasks import classification, common, multiple_choice, ner, qa, readers, rerank
-from tasks.batching import pad_batch
-from tasks.inference import ItemRunner
 from tasks.registry import definition
-from tasks.spec import TaskSpec
+from tasks.runtime.batching import pad_batch
+from tasks.runtime.inference import ItemRunner
+from tasks.runtime.spec import TaskSpec
 
 if TYPE_CHECKING:
     import torch
@@ -77,7 +77,7 @@ class TaskAdapter:
 
     def evaluate(self, run: ItemRunner, examples: Sequence[Any], spec: TaskSpec) -> tuple[dict[str, float], dict]:
         """Dev metrics of the model `run` runs (training/torch_runner.torch_item_runner of a PyTorch head,
-        tasks/onnx_session.onnx_item_runner of a bundle's session) and spec updates (e.g. the QA v2 threshold),
+        tasks/runtime/onnx_session.onnx_item_runner of a bundle's session) and spec updates (e.g. the QA v2 threshold),
         measured on what the service would answer: the task definition's prepare -> run -> decode, then its
         metric against gold."""
         return definition(spec.task).evaluate(self.tokenizer, spec, examples, run)

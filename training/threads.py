@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.cpu import CGROUP_ROOT, usable_cpus
+from tasks.runtime.cpu import CGROUP_ROOT, usable_cpus
 
 PROC_STAT = Path("/proc/stat")
 SAMPLE_SECONDS = 0.5

@@ -1,4 +1,4 @@
-"""Run a PyTorch BERT head over model items on the one inference path (tasks/inference.py); numpy out,
+"""Run a PyTorch BERT head over model items on the one inference path (tasks/runtime/inference.py); numpy out,
 input order kept: its Runner (`torch_runner`) and ItemRunner (`torch_item_runner`)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from tasks.inference import ItemRunner, ModelItem, Rows, Runner, offline_shape, run_items
-from tasks.progress import Progress, counted
+from tasks.runtime.inference import ItemRunner, ModelItem, Rows, Runner, offline_shape, run_items
+from tasks.runtime.progress import Progress, counted
 
 
 def torch_runner(model: torch.nn.Module, output_names: Sequence[str], device: torch.device | str = "cpu") -> Runner:
@@ -51,7 +51,7 @@ def predict(
 
 def torch_item_runner(model: torch.nn.Module, progress: str | None = None) -> ItemRunner:
     """A PyTorch head as the task definitions' runner, on the device its parameters are on; `progress`: report
-    each run under this label (tasks/progress.py)."""
+    each run under this label (tasks/runtime/progress.py)."""
     def run(items: Sequence[ModelItem], output_names: Sequence[str], per_token: bool) -> list[Rows]:
         with Progress(progress or "", total=len(items), unit="items", enabled=progress is not None) as bar:
             out = predict(model, items, output_names, per_token=per_token, device=next(model.parameters()).device,

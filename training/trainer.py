@@ -154,8 +154,8 @@ def _unwrap(model: nn.Module) -> nn.Module:
 
 
 def _progress_bar(ctx: DistContext, settings: TrainSettings, plan: Plan, start: int):
-    """Rank 0's progress (tasks/progress.py): a bar on a terminal, else a line at least every 30 s."""
-    from tasks.progress import Progress
+    """Rank 0's progress (tasks/runtime/progress.py): a bar on a terminal, else a line at least every 30 s."""
+    from tasks.runtime.progress import Progress
 
     folder = Path(settings.output_dir)
     name = folder.parent.name if folder.name == "train_state" else folder.name

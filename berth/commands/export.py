@@ -1,4 +1,4 @@
-"""`berth export`: a fine-tuned model folder -> an ONNX bundle the service can serve (see tasks/bundle.py)."""
+"""`berth export`: a fine-tuned model folder -> an ONNX bundle the service can serve (see tasks/runtime/bundle.py)."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     from export.invariance import InvarianceError
     from export.onnx_export import ExportError
     from export.parity import ParityError
-    from tasks.bundle import BundleError
+    from tasks.runtime.bundle import BundleError
 
     examples = None
     if settings.examples:

@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from predict.parts import ResumeRefused
     from predict.run import Columns, Job, predict
-    from tasks.bundle import BundleError
+    from tasks.runtime.bundle import BundleError
 
     predict_on_ray = None
     if args.ray is not None:

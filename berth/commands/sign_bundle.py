@@ -1,5 +1,5 @@
 """`berth sign-bundle`: sign bundles with an Ed25519 key, so a service started with the matching public
-key (BERTH_BUNDLE_PUBLIC_KEY) serves them and refuses any other (see tasks/bundle.py, `sign_bundle`)."""
+key (BERTH_BUNDLE_PUBLIC_KEY) serves them and refuses any other (see export/bundle_writing.py, `sign_bundle`)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,8 @@ def new_key_pair(private_key_path: Path) -> tuple[object, Path]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tasks.bundle import BundleError, load_private_key, public_key_id, sign_bundle
+    from export.bundle_writing import load_private_key, sign_bundle
+    from tasks.runtime.bundle import BundleError, public_key_id
 
     if args.new_key is not None:
         key, public_path = new_key_pair(args.new_key)

@@ -18,7 +18,7 @@ def _text_files(paths: list[str]) -> list[Path]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tasks.tokenizer import save_tokenizer, train_wordpiece
+    from tasks.runtime.tokenizer import save_tokenizer, train_wordpiece
 
     files = _text_files(args.inputs)
     tok = train_wordpiece(files, vocab_size=args.vocab_size, lowercase=not args.cased,

@@ -55,9 +55,9 @@ from service.handlers import TaskHandler, handler_for
 from service.inference import infer
 from service.runtime import Runtime
 from service.schemas import HF_ERROR_RESPONSES
-from tasks.bundle import Bundle
 from tasks.ner import window_overlap
 from tasks.registry import definition
+from tasks.runtime.bundle import Bundle
 
 ROUTE = "/models/{name}"
 hf = APIRouter(tags=["Hugging Face Inference API"], responses=HF_ERROR_RESPONSES)

@@ -52,7 +52,7 @@ from tasks.common import InputFailed, sigmoid
 from tasks.definition import Prepared
 from tasks.registry import DEFINITIONS
 from tasks.rerank import best_logits
-from tasks.tokenizer import CLS, SEP
+from tasks.runtime.tokenizer import CLS, SEP
 
 
 class TEIRoute(APIRoute):

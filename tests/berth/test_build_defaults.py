@@ -6,7 +6,7 @@ import pytest
 
 from berth.build_defaults import default_examples
 from berth.cli import main
-from tasks.bundle import load_bundle
+from tasks.bundle_checks import load_bundle
 
 
 @pytest.mark.slow

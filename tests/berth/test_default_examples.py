@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from berth.build_defaults import EMBEDDINGS_BUNDLE, EXAMPLES, SAMPLE_RECIPES, SHARED_RECIPES
-from tasks.bundle import check_examples
+from tasks.bundle_checks import check_examples
 
 
 def test_every_default_model_has_valid_examples():

@@ -93,7 +93,7 @@ def deploy_repository(tmp_path_factory) -> Path:
     from torch import nn
 
     from export.bundle_builder import export_bundle
-    from tasks.spec import TaskSpec
+    from tasks.runtime.spec import TaskSpec
     from training.checkpoint import default_base_path, load_pretrained, save_pretrained
     from training.model import BertForSequenceClassification
 

@@ -21,10 +21,10 @@ onnx = pytest.importorskip("onnx")
 from export import invariance, parity, precision  # noqa: E402
 from export.bundle_builder import export_bundle  # noqa: E402
 from export.onnx_export import export_onnx, load_finetuned  # noqa: E402
-from tasks.inference import Batch, run_batch  # noqa: E402
-from tasks.onnx_session import create_session, onnx_runner  # noqa: E402
 from tasks.registry import definition  # noqa: E402
-from tasks.tokenizer import load_tokenizer  # noqa: E402
+from tasks.runtime.inference import Batch, run_batch  # noqa: E402
+from tasks.runtime.onnx_session import create_session, onnx_runner  # noqa: E402
+from tasks.runtime.tokenizer import load_tokenizer  # noqa: E402
 from tests.service.conftest import bundle_repository, checkpoints  # noqa: E402,F401 - the shared fixtures
 
 PROBABILITY_TOLERANCE = 1e-4

@@ -21,8 +21,8 @@ onnx = pytest.importorskip("onnx")
 from export import embedding_quant, precision  # noqa: E402
 from export.bundle_builder import export_bundle  # noqa: E402
 from export.onnx_export import export_onnx, load_finetuned  # noqa: E402
-from tasks.bundle import load_bundle  # noqa: E402
-from tasks.onnx_session import create_session  # noqa: E402
+from tasks.bundle_checks import load_bundle  # noqa: E402
+from tasks.runtime.onnx_session import create_session  # noqa: E402
 
 SQUAD = Path(__file__).resolve().parents[2] / "data" / "samples" / "squad" / "dev.json"
 VOCAB, HIDDEN = 30522, 384

@@ -21,10 +21,11 @@ from berth.cli import main as berth_main  # noqa: E402
 from export import parity  # noqa: E402
 from export.bundle_builder import export_bundle  # noqa: E402
 from export.onnx_export import graph_io, load_finetuned  # noqa: E402
-from tasks.bundle import BundleError, file_sha256, load_bundle  # noqa: E402
-from tasks.onnx_session import create_session, onnx_runner  # noqa: E402
+from tasks.bundle_checks import load_bundle  # noqa: E402
 from tasks.registry import head_class  # noqa: E402
-from tasks.spec import TaskSpec  # noqa: E402
+from tasks.runtime.bundle import BundleError, file_sha256  # noqa: E402
+from tasks.runtime.onnx_session import create_session, onnx_runner  # noqa: E402
+from tasks.runtime.spec import TaskSpec  # noqa: E402
 from training.checkpoint import load_pretrained, save_pretrained  # noqa: E402
 from training.model import MODEL_CLASSES  # noqa: E402
 from training.torch_runner import torch_runner  # noqa: E402

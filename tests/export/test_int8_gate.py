@@ -20,8 +20,8 @@ from export import calibration, parity, precision  # noqa: E402
 from export.onnx_export import export_onnx, load_finetuned  # noqa: E402
 from tasks import readers  # noqa: E402
 from tasks.common import encode_classification  # noqa: E402
-from tasks.onnx_session import create_session, onnx_item_runner  # noqa: E402
-from tasks.spec import TaskSpec  # noqa: E402
+from tasks.runtime.onnx_session import create_session, onnx_item_runner  # noqa: E402
+from tasks.runtime.spec import TaskSpec  # noqa: E402
 from training.checkpoint import load_pretrained, save_pretrained  # noqa: E402
 from training.model import BertForSequenceClassification  # noqa: E402
 from training.torch_runner import torch_item_runner, torch_runner  # noqa: E402

@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("onnx")
 
 from export.bundle_builder import export_bundle  # noqa: E402
-from tasks.spec import TaskSpec  # noqa: E402
+from tasks.runtime.spec import TaskSpec  # noqa: E402
 from tests.service.conftest import ServerProcess  # noqa: E402
 from training.checkpoint import load_pretrained, save_pretrained  # noqa: E402
 from training.finetune import default_pooling  # noqa: E402

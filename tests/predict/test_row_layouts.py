@@ -9,7 +9,7 @@ import pytest
 from predict import results
 from tasks.definition import SCALARS, TaskDefinition
 from tasks.registry import DEFINITIONS, definition
-from tasks.spec import TaskSpec
+from tasks.runtime.spec import TaskSpec
 
 TRUNCATION = [pa.field("truncated", pa.bool_()), pa.field("truncated_tokens", pa.int64())]
 

@@ -62,7 +62,7 @@ def workers_env(env: dict[str, str], args: list[str]) -> dict[str, str]:
 def server_processes(env: dict[str, str], args: list[str]) -> int:
     """How many server processes `berth serve` runs with this environment and these arguments."""
     from service.settings import ServiceSettings
-    from tasks.cpu import usable_cpus
+    from tasks.runtime.cpu import usable_cpus
 
     workers = workers_flag(args) or env.get("BERTH_WORKERS") or 0
     return ServiceSettings(workers=int(workers)).worker_count(usable_cpus())

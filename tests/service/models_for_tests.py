@@ -19,8 +19,8 @@ from torch import nn
 
 from bench.filler_text import filler
 from tasks import qa, rerank
-from tasks.spec import TaskSpec
-from tasks.tokenizer import CLS, SEP, encode, load_tokenizer
+from tasks.runtime.spec import TaskSpec
+from tasks.runtime.tokenizer import CLS, SEP, encode, load_tokenizer
 from training.checkpoint import default_base_path, load_pretrained, save_pretrained
 from training.model import (
     BertForMaskedLM,
@@ -65,7 +65,7 @@ def _fit_linear(features: torch.Tensor, targets: torch.Tensor, layer: nn.Linear,
 
 @torch.no_grad()
 def _hidden(model, encoded_items) -> tuple[torch.Tensor, torch.Tensor]:
-    from tasks.batching import pad_batch
+    from tasks.runtime.batching import pad_batch
 
     feeds = {k: torch.from_numpy(v) for k, v in pad_batch(encoded_items).items()}
     out = model.bert(feeds["input_ids"], feeds["attention_mask"], feeds["token_type_ids"])

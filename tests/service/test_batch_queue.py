@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 
 from service.batch_queue import Item, ItemQueue, ItemState
-from tasks.inference import BatchShape
+from tasks.runtime.inference import BatchShape
 
 SHAPE = BatchShape(buckets=[8, 16, 32, 64], max_batch_size=4, max_batch_tokens=128)
 SHORT, LONG = 5, 40  # tokens: padded to width 8 and width 64

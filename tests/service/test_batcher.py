@@ -28,7 +28,7 @@ from service.batcher import (
 )
 from service.errors import ErrorType, from_batcher
 from service.metrics import Metrics
-from tasks.tokenizer import encode
+from tasks.runtime.tokenizer import encode
 
 TEXTS = [
     "Short.",
@@ -276,7 +276,7 @@ def test_the_next_take_is_prepared_while_a_pass_runs_and_results_keep_their_rows
 
 
 def test_measured_batch_sizes_per_length_are_honoured(tokenizer):
-    from tasks.inference import BatchTable
+    from tasks.runtime.inference import BatchTable
 
     table = BatchTable(lengths=(8, 16, 32, 64), batch_sizes=(8, 4, 2, 1))  # long sequences: smaller passes
     items = [encode(tokenizer, " ".join(["word"] * n)) for n in (2, 3, 4, 5, 10, 11, 12, 13, 20, 21, 22, 40, 41, 50)]

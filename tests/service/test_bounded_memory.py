@@ -110,7 +110,7 @@ def test_a_fill_mask_pass_returns_at_most_its_output_byte_budget(bundle_reposito
     from service.metrics import Metrics
     from service.models import load_model
     from service.settings import ServiceSettings
-    from tasks.bundle import load_bundle
+    from tasks.bundle_checks import load_bundle
 
     settings = ServiceSettings(warmup=False, device="cpu", intra_op_threads=1)
     model = load_model(load_bundle(bundle_repository / "masker"), settings, Metrics())

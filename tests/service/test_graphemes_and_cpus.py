@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from service.compute_slots import ComputeSlots
-from tasks.cpu import cgroup_cpu_limit, usable_cpus
-from tasks.graphemes import extend_end
+from tasks.runtime.cpu import cgroup_cpu_limit, usable_cpus
+from tasks.runtime.graphemes import extend_end
 
 WOMAN_TECHNOLOGIST = "\U0001F469\u200d\U0001F4BB"  # 👩‍💻: woman, ZWJ, laptop
 THUMBS_UP_DARK = "\U0001F44D\U0001F3FF"  # 👍🏿

@@ -13,7 +13,7 @@ from service.batcher import Batcher, BatchPolicy, clip_buckets
 from service.metrics import Metrics
 from service.models import OnnxEngine, load_bundle_tokenizer
 from tasks import ner, qa
-from tasks.bundle import load_bundle
+from tasks.bundle_checks import load_bundle
 from tests.service.models_for_tests import filler
 from training.checkpoint import load_pretrained
 from training.model import BertForQuestionAnswering, BertForTokenClassification

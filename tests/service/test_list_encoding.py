@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.tokenizer import plain_tokenizer
+from tasks.runtime.tokenizer import plain_tokenizer
 
 LONG = "an astonishingly long-winded review that rambles about the plot , the actors and the music " * 20
 MIXED = ["a charming film .", LONG, "Café crème, naïve façade — déjà vu! 東京タワー", "Emoji 👩‍👩‍👧 e\u0301 Straße",

@@ -12,9 +12,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tasks.graphemes import extend_end
 from tasks.ner import HYPHENS
-from tasks.tokenizer import UNK, load_tokenizer
+from tasks.runtime.graphemes import extend_end
+from tasks.runtime.tokenizer import UNK, load_tokenizer
 
 GROUPED = ("simple", "first", "average", "max")
 ANY_MODEL = [

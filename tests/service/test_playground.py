@@ -15,7 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tasks.bundle import MANIFEST_FILE, write_manifest
+from export.bundle_writing import write_manifest
+from tasks.runtime.bundle import MANIFEST_FILE
 from tests.service.conftest import API_KEY, REPO, ServerProcess
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e .[test])")

@@ -25,11 +25,12 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
+from export.bundle_writing import write_manifest
 from service.batcher import Batcher, BatchPolicy, ItemFailed, NonFiniteOutput
 from service.errors import from_batcher
 from service.metrics import Metrics
-from tasks.bundle import MANIFEST_FILE, write_manifest
-from tasks.tokenizer import EncodedInput
+from tasks.runtime.bundle import MANIFEST_FILE
+from tasks.runtime.tokenizer import EncodedInput
 from tests.service.conftest import ServerProcess
 from tests.service.test_service_overload import metric_value
 

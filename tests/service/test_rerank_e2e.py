@@ -97,11 +97,11 @@ def test_v2_path_and_fastapis_own_path_answer_alike(client):
 @pytest.fixture(scope="module")
 def task_layer(bundle_repository):
     """`definition.predict` of the ranker bundle on its own ONNX Runtime session: no HTTP, no batcher."""
-    from tasks.bundle import load_bundle
-    from tasks.inference import offline_shape, run_items
-    from tasks.onnx_session import create_session
+    from tasks.bundle_checks import load_bundle
     from tasks.registry import definition
-    from tasks.tokenizer import load_tokenizer
+    from tasks.runtime.inference import offline_shape, run_items
+    from tasks.runtime.onnx_session import create_session
+    from tasks.runtime.tokenizer import load_tokenizer
 
     bundle = load_bundle(bundle_repository / MODEL, verify_hashes=True)
     spec = bundle.spec()

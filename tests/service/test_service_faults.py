@@ -19,7 +19,8 @@ import httpx
 import pytest
 from tokenizers import Tokenizer
 
-from tasks.bundle import MANIFEST_FILE, write_manifest
+from export.bundle_writing import write_manifest
+from tasks.runtime.bundle import MANIFEST_FILE
 from tests.service import reference
 from tests.service.conftest import ServerProcess
 from tests.service.test_service_overload import metric_value

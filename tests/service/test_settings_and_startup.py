@@ -70,7 +70,7 @@ def test_the_bytes_loaded_are_the_bytes_verified(bundle_repository, tmp_path):
     """A file changed after discovery (between the hash check and the session) is refused, not loaded."""
     from service.metrics import Metrics
     from service.models import RepositoryError, load_model
-    from tasks.bundle import load_bundle
+    from tasks.bundle_checks import load_bundle
 
     folder = tmp_path / "sentiment"
     shutil.copytree(bundle_repository / "sentiment", folder)
@@ -85,8 +85,8 @@ def test_the_bytes_loaded_are_the_bytes_verified(bundle_repository, tmp_path):
 def test_bundles_with_the_same_tokenizer_file_share_one_tokenizer(bundle_repository, tmp_path):
     """Equal tokenizer.json files load once per process; a changed file is still refused, shared or not."""
     from service.models import RepositoryError, load_bundle_tokenizer
-    from tasks.bundle import load_bundle
-    from tasks.tokenizer import load_tokenizer
+    from tasks.bundle_checks import load_bundle
+    from tasks.runtime.tokenizer import load_tokenizer
 
     shared: dict = {}
     first = load_bundle_tokenizer(load_bundle(bundle_repository / "sentiment"), shared)

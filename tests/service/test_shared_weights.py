@@ -1,8 +1,8 @@
-"""The sessions of one model share one copy of its weights (tasks/onnx_weights.py, tasks/onnx_session.py's
-MemoryPolicy): the initializers taken out of the model are the onnx package's own reading of them, sessions
-built on the shared copy answer as ONNX Runtime's default session on the original file (fp32 within the export
-parity gate's tolerance; int8 bit for bit with prepacked weights), and a real server with the policy on and
-off gives the same answers."""
+"""The sessions of one model share one copy of its weights (tasks/runtime/onnx_weights.py,
+tasks/runtime/onnx_session.py's MemoryPolicy): the initializers taken out of the model are the onnx package's own
+reading of them, sessions built on the shared copy answer as ONNX Runtime's default session on the original file
+(fp32 within the export parity gate's tolerance; int8 bit for bit with prepacked weights), and a real server with
+the policy on and off gives the same answers."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import httpx
 import numpy as np
 import pytest
 
-from tasks import onnx_session
-from tasks.onnx_weights import large_initializers
+from tasks.runtime import onnx_session
+from tasks.runtime.onnx_weights import large_initializers
 from tests.service.conftest import ServerProcess
 
 onnx = pytest.importorskip("onnx")
@@ -150,7 +150,7 @@ def test_a_model_has_a_narrow_second_session_only_where_it_runs_passes_side_by_s
     from service.compute_slots import ComputeSlots
     from service.models import MODEL_FILE, OnnxEngine, narrow, verified_bytes
     from service.settings import ServiceSettings
-    from tasks.bundle import load_bundle
+    from tasks.bundle_checks import load_bundle
 
     bundle = load_bundle(bundle_repository / "sentiment")
     data = verified_bytes(bundle, MODEL_FILE)

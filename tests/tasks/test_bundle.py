@@ -13,19 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.bundle import (
-    FORMAT_VERSION,
-    MANIFEST_FILE,
-    MODEL_FILE,
-    TOKENIZER_FILE,
-    BundleError,
-    check_examples,
-    find_bundles,
-    load_bundle,
-    write_manifest,
-)
-from tasks.onnx_session import CPU, choose_provider, create_session
-from tasks.spec import TaskSpec
+from export.bundle_writing import write_manifest
+from tasks.bundle_checks import check_examples, load_bundle
+from tasks.runtime.bundle import FORMAT_VERSION, MANIFEST_FILE, MODEL_FILE, TOKENIZER_FILE, BundleError, find_bundles
+from tasks.runtime.onnx_session import CPU, choose_provider, create_session
+from tasks.runtime.spec import TaskSpec
 
 onnx = pytest.importorskip("onnx")
 
@@ -105,8 +97,8 @@ def test_written_bundle_loads_with_hashes_spec_and_paths(bundle_folder):
 
 
 def test_session_runs_the_bundle_on_the_cpu(bundle_folder, tokenizer):
-    from tasks.batching import pad_batch
-    from tasks.tokenizer import encode
+    from tasks.runtime.batching import pad_batch
+    from tasks.runtime.tokenizer import encode
 
     bundle = load_bundle(bundle_folder)
     session, provider = create_session(bundle.model_path, bundle.precision, intra_op_threads=1)

@@ -22,18 +22,18 @@ import numpy as np
 import pytest
 
 from berth.cli import main as berth
+from export.bundle_writing import write_manifest
 from service.models import RepositoryError, discover, verified_bytes
 from service.settings import ServiceSettings
-from tasks.bundle import (
+from tasks.bundle_checks import load_bundle
+from tasks.runtime.bundle import (
     FORMAT_VERSION,
     MANIFEST_FILE,
     MODEL_FILE,
     TOKENIZER_FILE,
     BundleError,
     external_data_locations,
-    load_bundle,
     load_public_key,
-    write_manifest,
 )
 from tests.service.conftest import bundle_repository  # noqa: F401  (the real exported bundles)
 
@@ -43,7 +43,7 @@ SOURCE = "sentiment"  # classification, labels negative / positive
 
 
 def digest_of(manifest: dict) -> str:
-    """The manifest digest as documented, computed independently of tasks.bundle."""
+    """The manifest digest as documented, computed independently of tasks.runtime.bundle."""
     content = {key: value for key, value in manifest.items() if key not in ("manifest_sha256", "signature")}
     return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
                           .encode("utf-8")).hexdigest()
@@ -128,7 +128,7 @@ def test_a_format_1_manifest_loads_with_a_warning(bundle, caplog):
     del manifest["manifest_sha256"]
     manifest["format_version"] = 1
     write_raw(bundle, manifest)
-    with caplog.at_level(logging.WARNING, logger="tasks.bundle"):
+    with caplog.at_level(logging.WARNING, logger="tasks.runtime.bundle"):
         loaded = load_bundle(bundle)
     assert loaded.format_version == 1 and loaded.labels == ["negative", "positive"]
     assert "format_version 1, written before manifest digests" in caplog.text
@@ -253,7 +253,7 @@ def test_external_data_not_listed_is_refused(bundle, external_model):
 
 
 def test_external_data_listed_with_its_hash_loads_but_is_not_served(bundle, external_model):
-    from tasks.onnx_session import create_session
+    from tasks.runtime.onnx_session import create_session
 
     with_external_model(bundle, external_model)
     os.link(external_model / "weights.data", bundle / "weights.data")

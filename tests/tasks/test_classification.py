@@ -7,7 +7,7 @@ import pytest
 
 from tasks.classification import decode_classification
 from tasks.common import InputTooLong, LabelSet, encode_classification, sigmoid, softmax
-from tasks.tokenizer import CLS, SEP
+from tasks.runtime.tokenizer import CLS, SEP
 
 
 def test_encode_single_and_pair(tokenizer):

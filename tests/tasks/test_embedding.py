@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tasks import embedding
-from tasks.tokenizer import encode
+from tasks.runtime.tokenizer import encode
 
 
 def test_settings_of_the_embedded_sentence_transformers_model(base_path):

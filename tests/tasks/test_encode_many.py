@@ -12,8 +12,8 @@ from tasks.common import InputFailed, InputTooLong
 from tasks.fill_mask import NoMask
 from tasks.readers import TextExample
 from tasks.registry import definition
-from tasks.spec import TaskSpec
-from tasks.tokenizer import encode_many, plain_tokenizer
+from tasks.runtime.spec import TaskSpec
+from tasks.runtime.tokenizer import encode_many, plain_tokenizer
 
 MAX_LENGTH = 32
 LONG = "An astonishingly long-winded review that rambles on about the plot, the actors and the music " * 4

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from tasks.inference import BatchShape, BatchTable, offline_shape, plan_batches, run_items
-from tasks.tokenizer import encode
+from tasks.runtime.inference import BatchShape, BatchTable, offline_shape, plan_batches, run_items
+from tasks.runtime.tokenizer import encode
 
 
 def echo(feeds):

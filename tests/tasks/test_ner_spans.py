@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasks.graphemes import extend_end
 from tasks.ner import NEROptions, NERTask, decode_entities, ner_windows
-from tasks.spec import TaskSpec
+from tasks.runtime.graphemes import extend_end
+from tasks.runtime.spec import TaskSpec
 
 LABELS = ["O", "B-LOC", "I-LOC", "B-MISC", "I-MISC", "B-ORG", "I-ORG", "B-PER", "I-PER"]
 GROUPED = ("simple", "first", "average", "max")

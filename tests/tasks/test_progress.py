@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import time
 
-from tasks.progress import Progress, duration
+from tasks.runtime.progress import Progress, duration
 
 
 def test_a_pipe_gets_a_line_every_interval_even_while_the_work_stalls(capsys):

@@ -11,7 +11,6 @@ import json
 import numpy as np
 import pytest
 
-from tasks.batching import pad_batch
 from tasks.qa import (
     QAWindow,
     decode_answers,
@@ -21,6 +20,7 @@ from tasks.qa import (
     window_spans,
 )
 from tasks.qa_metrics import evaluate_squad
+from tasks.runtime.batching import pad_batch
 
 COUNTING = "one two three four five six seven eight nine ten"  # one token per word
 

@@ -13,7 +13,7 @@ import pytest
 from tasks.common import InputFailed, InputTooLong
 from tasks.registry import definition
 from tasks.rerank import QueryTooLong, RerankInput, RerankOptions, ranking_metrics, read_article_questions
-from tasks.spec import TaskSpec
+from tasks.runtime.spec import TaskSpec
 
 RERANK = definition("rerank")
 SAMPLES = Path(__file__).resolve().parents[2] / "data" / "samples"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from tokenizers import Tokenizer
 
-from tasks.tokenizer import (
+from tasks.runtime.tokenizer import (
     SPECIAL_TOKENS,
     encode,
     from_vocab,

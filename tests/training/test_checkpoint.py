@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tasks.batching import pad_batch
-from tasks.tokenizer import encode
+from tasks.runtime.batching import pad_batch
+from tasks.runtime.tokenizer import encode
 from training import model as berth_models
 from training.checkpoint import CheckpointError, load_pretrained, save_pretrained
 

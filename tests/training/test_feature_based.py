@@ -13,8 +13,8 @@ import torch
 from berth.cli import main
 from tasks import ner
 from tasks.registry import head_class
-from tasks.spec import TaskSpec
-from tasks.tokenizer import load_tokenizer
+from tasks.runtime.spec import TaskSpec
+from tasks.runtime.tokenizer import load_tokenizer
 from training.checkpoint import load_pretrained, read_state_dict
 from training.evaluate import evaluate_model
 from training.feature_based import cache_features

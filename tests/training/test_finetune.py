@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from berth.cli import main
-from tasks.spec import TaskSpec
+from tasks.runtime.spec import TaskSpec
 from training.evaluate import evaluate_model
 from training.finetune import FinetuneSettings, run_finetune
 

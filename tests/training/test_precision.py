@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tasks.tokenizer import load_tokenizer
+from tasks.runtime.tokenizer import load_tokenizer
 from tests.training.tiny_training import MaskedTokens, collate, tiny_pretraining_model
 from training import task_data
 from training.checkpoint import load_pretrained

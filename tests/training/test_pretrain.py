@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from berth.cli import main
-from tasks.tokenizer import load_tokenizer
+from tasks.runtime.tokenizer import load_tokenizer
 from training.checkpoint import load_pretrained
 from training.model import BertForMaskedLM, BertForPreTraining, BertForSequenceClassification
 from training.pretrain import (

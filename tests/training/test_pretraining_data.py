@@ -7,7 +7,7 @@ import functools
 import numpy as np
 import pytest
 
-from tasks.tokenizer import CLS, MASK, PAD, SEP
+from tasks.runtime.tokenizer import CLS, MASK, PAD, SEP
 from training.corpus import (
     Document,
     read_documents,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tasks.rerank import read_article_questions
-from tasks.spec import TaskSpec
+from tasks.runtime.spec import TaskSpec
 from training.evaluate import evaluate_model
 from training.finetune import FinetuneSettings, run_finetune
 
@@ -49,7 +49,7 @@ def test_the_bundles_are_gated_on_the_ranking_and_evaluate_as_pytorch(trained, t
     has near-tied paragraphs, so int8 may pass or be refused, but the gate must have scored the ranking."""
     from export.bundle_builder import export_bundle
     from export.parity import ParityError
-    from tasks.bundle import load_bundle
+    from tasks.bundle_checks import load_bundle
 
     out, metrics = trained
     examples = [{"query": "Who designed the bridge?",

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from tasks.cpu import cgroup_cpu_limit as cgroup_cpu_quota
-from tasks.cpu import usable_cpus as usable_cores
+from tasks.runtime.cpu import cgroup_cpu_limit as cgroup_cpu_quota
+from tasks.runtime.cpu import usable_cpus as usable_cores
 from training import threads
 from training.threads import default_threads, idle_cores
 

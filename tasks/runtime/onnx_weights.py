@@ -1,17 +1,17 @@
 """A serialized ONNX model's large initializers as numpy arrays, read without the onnx package (the serving
 install has none): a walk over the protobuf wire format of ModelProto.graph's `initializer` fields
-(tasks/protobuf_wire.py reads the format; tasks/bundle.py walks it to find external data).
+(tasks/runtime/protobuf_wire.py reads the format; tasks/runtime/bundle.py walks it to find external data).
 
 ONNX Runtime gives every session it creates from a model's bytes its own copy of the initializers. Sessions of
 one model that pass these arrays, made into OrtValues once, to `SessionOptions.add_initializer` use the
-caller's buffers instead: one copy for all of them (tasks/onnx_session.py, MemoryPolicy).
+caller's buffers instead: one copy for all of them (tasks/runtime/onnx_session.py, MemoryPolicy).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from tasks.protobuf_wire import WireError, next_field, varint
+from tasks.runtime.protobuf_wire import WireError, next_field, varint
 
 # TensorProto.DataType -> numpy (bfloat16 and the 8-bit floats have none: such tensors stay in the graph)
 _DTYPES = {1: np.float32, 2: np.uint8, 3: np.int8, 4: np.uint16, 5: np.int16, 6: np.int32, 7: np.int64,

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tasks.tokenizer import EncodedInput
+from tasks.runtime.tokenizer import EncodedInput
 
 MODEL_INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 

@@ -165,7 +165,7 @@ def _number(value: float | None) -> str:
 
 def counted(runner: Callable[[dict[str, Any]], dict[str, Any]], progress: Progress) -> Callable[[dict[str, Any]],
                                                                                                 dict[str, Any]]:
-    """A Runner (padded feeds -> outputs, tasks/inference.py) that moves `progress` by each batch's rows."""
+    """A Runner (padded feeds -> outputs, tasks/runtime/inference.py) that moves `progress` by each batch's rows."""
     def run(feeds: dict[str, Any]) -> dict[str, Any]:
         out = runner(feeds)
         progress.update(len(next(iter(feeds.values()))) if feeds else 0)

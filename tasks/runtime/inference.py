@@ -13,7 +13,7 @@ evaluated is what is served. A *batch* is what one forward pass sees.
 
 Two kinds of runner, both torch-free types:
     Runner       one padded forward pass: int64 feeds -> float arrays by output name (ONNX Runtime:
-                 tasks/onnx_session.onnx_runner, which the service's batcher runs; PyTorch:
+                 tasks/runtime/onnx_session.onnx_runner, which the service's batcher runs; PyTorch:
                  training/torch_runner.torch_runner)
     ItemRunner   model items -> each item's rows, batched here (`item_runner` makes one of a Runner): what
                  the task definitions evaluate and predict with (onnx_item_runner, torch_item_runner)
@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from tasks.batching import pad_batch
+from tasks.runtime.batching import pad_batch
 
 Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 Rows = dict[str, np.ndarray]  # one item's outputs by name
@@ -220,9 +220,9 @@ def offline_shape(items: Sequence[ModelItem], batch_size: int, pad_multiple: int
 def item_runner(runner_for: Callable[[Sequence[str]], Runner], batch_size: int = 64,
                 progress: str | None = None) -> ItemRunner:
     """An ItemRunner from `runner_for(output names)`, a Runner that fetches those outputs: the items run as
-    `offline_shape` batches them; with `progress`, each run is reported under that label (tasks/progress.py)."""
+    `offline_shape` batches them; with `progress`, each run is reported under that label (tasks/runtime/progress.py)."""
     def run(items: Sequence[ModelItem], output_names: Sequence[str], per_token: bool) -> list[Rows]:
-        from tasks.progress import Progress, counted
+        from tasks.runtime.progress import Progress, counted
 
         runner = runner_for(output_names)
         with Progress(progress or "", total=len(items), unit="items", enabled=progress is not None) as bar:

@@ -1,5 +1,5 @@
-"""The protobuf wire format read without a protobuf library: the varints and fields that tasks/bundle.py
-(external data locations) and tasks/onnx_weights.py (initializers) walk in a serialized ONNX model, since the
+"""The protobuf wire format read without a protobuf library: the varints and fields that tasks/runtime/bundle.py
+(external data locations) and tasks/runtime/onnx_weights.py (initializers) walk in a serialized ONNX model, since the
 serving install has no onnx package."""
 
 from __future__ import annotations

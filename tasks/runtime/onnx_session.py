@@ -1,5 +1,5 @@
 """One place that decides where an ONNX model runs: CUDA when present and fit, else the CPU, and the
-task layer's runners over a session (tasks/inference.py).
+task layer's runners over a session (tasks/runtime/inference.py).
 
 Used by export (the parity gate), evaluation, `berth predict`, the engine benchmark and the service, so all
 run a bundle the same way. Imports onnxruntime lazily; torch-free.
@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from tasks.inference import ItemRunner, Runner, item_runner
-from tasks.protobuf_wire import WireError
+from tasks.runtime.inference import ItemRunner, Runner, item_runner
+from tasks.runtime.protobuf_wire import WireError
 
 logger = logging.getLogger(__name__)
 _said: set[str] = set()  # fallback notes already logged: one line per process, not one per session
@@ -106,7 +106,7 @@ class SharedWeights:
     def __init__(self, model_bytes: bytes):
         import onnxruntime
 
-        from tasks.onnx_weights import large_initializers
+        from tasks.runtime.onnx_weights import large_initializers
 
         weights = large_initializers(model_bytes)
         self.values = [(name, onnxruntime.OrtValue.ortvalue_from_numpy(array))

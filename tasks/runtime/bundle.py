@@ -1,13 +1,16 @@
-"""THE BUNDLE: the folder that export writes and the service serves, and its checks.
+"""THE BUNDLE: the folder that export writes and the service serves, and its verification.
 
 A bundle is a folder (folder name = model name) holding `model.onnx`, `tokenizer.json` and
 `bundle.json`, the manifest: what the model is for (task, labels, task settings), how it was built
 (precision, opset, optimization, parity figures), the sha256 of every file and, since format_version 2,
 the sha256 of the manifest itself (`manifest_sha256`, see `manifest_digest`), optionally signed with an
-Ed25519 key (`signature`, see `sign_bundle`). The service trusts nothing else: `load_bundle` refuses a
-bundle with a missing or altered file, an edited manifest, an unknown format version, a malformed
-manifest or a model that reads external data from outside what the manifest lists, with a
-`BundleError` that names the culprit. Torch-free; `cryptography` is imported only to sign or verify.
+Ed25519 key (`signature`, see export/bundle_writing.py's `sign_bundle`). The service trusts nothing else:
+`read_bundle` refuses a bundle with a missing or altered file, an edited manifest, an unknown format version, a
+malformed manifest or a model that reads external data from outside what the manifest lists, with a
+`BundleError` that names the culprit. Torch-free; `cryptography` is imported only to verify.
+
+This floor knows no task: what a bundle's task asks of it (a known task, its outputs, labels and examples) is
+checked by the `TaskChecks` the caller passes, the task layer's (`tasks.bundle_checks.load_bundle` passes them).
 """
 
 from __future__ import annotations
@@ -19,21 +22,20 @@ import json
 import logging
 import mmap
 import os
-from datetime import UTC, datetime
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator
 
-from tasks.protobuf_wire import WireError, next_field, varint
-from tasks.registry import definition
-from tasks.spec import Task, TaskSpec
-from tasks.version import berth_version
+from tasks.runtime.protobuf_wire import WireError, next_field, varint
+from tasks.runtime.spec import Task, TaskSpec
 
 log = logging.getLogger(__name__)
 
 # 2: the manifest carries `manifest_sha256` (and may carry `signature`). 1: neither; still read, with a
-# warning (see load_bundle).
+# warning (see read_bundle).
 FORMAT_VERSION = 2
 READABLE_FORMAT_VERSIONS = (1, 2)
 MANIFEST_FILE = "bundle.json"
@@ -65,6 +67,20 @@ PRECISION_PROVIDERS: dict[str, list[str]] = {
     "int8": ["CPUExecutionProvider"],
 }
 _warned_legacy: set[Path] = set()  # format_version 1 manifests already warned about (one line per bundle)
+
+
+@dataclass(frozen=True)
+class TaskChecks:
+    """What a bundle's task asks of its manifest, given by the task layer (this floor knows no task).
+
+    known_task(task): raise ValueError (with the message to show) unless `task` is a known task; run while the
+        manifest is validated, so an unknown task is reported as an invalid manifest.
+    consistent(bundle, manifest_path): raise BundleError when the manifest does not fit its task (outputs,
+        labels, examples); run after validation, before any file is read.
+    """
+
+    known_task: Callable[[str], None]
+    consistent: Callable[[Bundle, Path], None]
 
 
 class BundleError(ValueError):
@@ -114,20 +130,19 @@ class Bundle(BaseModel):
     berth_version: str = ""
     created_at: str = ""
     # sha256 of the manifest's canonical form (format_version 2; see manifest_digest) and its optional
-    # Ed25519 signature (see sign_bundle)
+    # Ed25519 signature (see export/bundle_writing.py, sign_bundle)
     manifest_sha256: str = ""
     signature: dict[str, Any] | None = None
     path: Path = Field(default=Path("."), exclude=True)
-    # external data files model.onnx reads (listed in `files` and checked by load_bundle); not a manifest field
+    # external data files model.onnx reads (listed in `files` and checked by read_bundle); not a manifest field
     _external_data: list[str] = PrivateAttr(default_factory=list)
 
     @field_validator("task")
     @classmethod
-    def _known_task(cls, task: str) -> str:
-        try:
-            definition(task)
-        except KeyError as error:
-            raise ValueError(error.args[0]) from None
+    def _known_task(cls, task: str, info: ValidationInfo) -> str:
+        checks = (info.context or {}).get("task_checks")
+        if checks is not None:
+            checks.known_task(task)
         return task
 
     @property
@@ -193,55 +208,24 @@ def manifest_digest(manifest: dict[str, Any]) -> str:
     return hashlib.sha256(canonical_manifest(manifest)).hexdigest()
 
 
-def write_manifest(folder: str | Path, manifest: dict[str, Any]) -> Path:
-    """Write `folder`/bundle.json from `manifest`, filling in what is measured from the folder.
+def read_bundle(folder: str | Path, checks: TaskChecks | None, verify_hashes: bool = True,
+                public_key: Any = None) -> tuple[Bundle, dict[str, Any]]:
+    """Read and check the bundle in `folder`, and the manifest as read (the very dict that was checked); raise
+    `BundleError` naming the problem when it is unfit.
 
-    Fills `files` (sha256 and size of model.onnx, tokenizer.json and any other file already
-    listed), and, when absent, `name` (the folder name), `berth_version` and `created_at`; sets
-    `format_version` to the current one and `manifest_sha256` to the digest of the result. A `signature`
-    in `manifest` is dropped (it signed another manifest): sign again with `sign_bundle`. Checks the
-    result by loading it back (hashes included), so a bundle that this function wrote is one the service
-    will accept.
-    """
-    folder = Path(folder)
-    if manifest.get(SIGNATURE_FIELD) is not None:
-        log.info("%s: the manifest is rewritten, its signature dropped; sign the bundle again", folder)
-    manifest = {key: value for key, value in manifest.items() if key not in UNDIGESTED_FIELDS}
-    names = sorted(set(REQUIRED_FILES) | set(manifest.get("files") or {}))
-    for name in names:
-        if not (folder / name).is_file():
-            raise BundleError(f"{folder / name}: missing; a bundle needs {', '.join(REQUIRED_FILES)}")
-    manifest["files"] = {name: file_info(folder / name) for name in names}
-    manifest["format_version"] = FORMAT_VERSION
-    manifest.setdefault("name", folder.resolve().name)
-    manifest.setdefault("berth_version", berth_version())
-    manifest.setdefault("created_at", datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"))
-    manifest[DIGEST_FIELD] = manifest_digest(manifest)
-    path = folder / MANIFEST_FILE
-    _write_json(path, manifest)
-    load_bundle(folder, verify_hashes=True)
-    return path
-
-
-def load_bundle(folder: str | Path, verify_hashes: bool = True, public_key: Any = None) -> Bundle:
-    """Read and check the bundle in `folder`; raise `BundleError` naming the problem when it is unfit.
-
-    Checks, in order: the manifest is a JSON object of a known `format_version`, valid and consistent
-    with its task; its file names stay inside the folder; its `manifest_sha256` matches its content (an
-    edited label or task setting is refused as "edited after export"); every listed file is there with
+    Checks, in order: the manifest is a JSON object of a known `format_version`, valid and (`checks`, the task
+    layer's) consistent with its task; its file names stay inside the folder; its `manifest_sha256` matches its
+    content (an edited label or task setting is refused as "edited after export"); every listed file is there with
     its size and (`verify_hashes`) its sha256; every external data file model.onnx reads is listed and
     lies inside the folder (`check_external_data`); and, when `public_key` (an Ed25519 public key, see
-    `load_public_key`) is given, the manifest is signed by that key (`verify_signature`).
+    `load_public_key`) is given, the manifest is signed by that key (`verify_signature`). `checks` None skips the
+    task's checks: only for a caller that checks the task itself.
 
     format_version 1 manifests (written before manifest digests) still load, with a warning, since
     nothing in them can tell an edit: re-export the bundle, or sign it with `berth sign-bundle`, which
     upgrades it to format_version 2. With a `public_key`, an unsigned bundle (format 1 included) is refused.
     """
-    return _load(Path(folder), verify_hashes, public_key)[0]
-
-
-def _load(folder: Path, verify_hashes: bool, public_key: Any) -> tuple[Bundle, dict[str, Any]]:
-    """load_bundle, also returning the manifest as read (the very dict that was checked)."""
+    folder = Path(folder)
     manifest_path = folder / MANIFEST_FILE
     if not folder.is_dir():
         raise BundleError(f"{folder}: not a folder; a bundle is a folder holding {MANIFEST_FILE}")
@@ -260,13 +244,14 @@ def _load(folder: Path, verify_hashes: bool, public_key: Any) -> tuple[Bundle, d
             f"{' and '.join(map(str, READABLE_FORMAT_VERSIONS))}"
         )
     try:
-        bundle = Bundle.model_validate({**raw, "path": folder})
+        bundle = Bundle.model_validate({**raw, "path": folder}, context={"task_checks": checks})
     except ValidationError as error:
         problems = "; ".join(
             f"{'.'.join(str(part) for part in item['loc'])}: {item['msg']}" for item in error.errors()
         )
         raise BundleError(f"{manifest_path}: invalid manifest ({problems})") from error
-    _check_consistency(bundle, manifest_path)
+    if checks is not None:
+        checks.consistent(bundle, manifest_path)
     for name in REQUIRED_FILES:
         if name not in bundle.files:
             raise BundleError(f"{manifest_path}: 'files' does not list {name}")
@@ -324,16 +309,6 @@ def check_file_name(name: str, manifest_path: Path) -> None:
             or ".." in parts or "\0" in name):
         raise BundleError(f"{manifest_path}: file name {name!r} is not a plain relative path inside the bundle "
                           "(absolute paths and '..' are refused)")
-
-
-def _write_json(path: Path, manifest: dict[str, Any]) -> None:
-    """Write a manifest whole or not at all (a reader never sees half of it): a temporary file, then a rename."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        temporary.write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n", encoding="utf-8")
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
 
 
 # -- ONNX external data -------------------------------------------------------------------------------------
@@ -455,7 +430,7 @@ def load_public_key(path: str | Path) -> Any:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-    data = _read_key_file(path, "public")
+    data = read_key_file(path, "public")
     if b"PRIVATE KEY" in data:
         raise BundleError(f"{path}: a private key; give the public key (the .pub.pem file beside it)")
     try:
@@ -467,59 +442,17 @@ def load_public_key(path: str | Path) -> Any:
     return key
 
 
-def load_private_key(path: str | Path) -> Any:
-    """An Ed25519 private key from an unencrypted PEM file; BundleError if unfit."""
-    from cryptography.exceptions import UnsupportedAlgorithm
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    data = _read_key_file(path, "private")
-    try:
-        key = serialization.load_pem_private_key(data, password=None)
-    except TypeError:
-        raise BundleError(f"{path}: an encrypted private key; berth signs with an unencrypted one "
-                          "(keep it in a secret store, file mode 0600)") from None
-    except (ValueError, UnsupportedAlgorithm) as error:
-        raise BundleError(f"{path}: not a PEM private key ({error})") from None
-    if not isinstance(key, Ed25519PrivateKey):
-        raise BundleError(f"{path}: a {type(key).__name__}, not an Ed25519 private key")
-    return key
-
-
-def _read_key_file(path: str | Path, kind: str) -> bytes:
+def read_key_file(path: str | Path, kind: str) -> bytes:
     try:
         return Path(path).read_bytes()
     except OSError as error:
         raise BundleError(f"{path}: cannot read the {kind} key ({error.strerror or error})") from None
 
 
-def sign_bundle(folder: str | Path, private_key: Any) -> Bundle:
-    """Sign the bundle in `folder` with an Ed25519 `private_key` (see `load_private_key`); returns it, loaded
-    back and verified with the matching public key.
-
-    The bundle is checked first (`load_bundle`, hashes included): only a bundle that verifies is signed.
-    The signature goes into the manifest (`signature`: algorithm, key_id and the base64 signature over
-    `SIGNED_PREFIX` + `manifest_sha256`); the digest leaves it out, so signing changes no digest, and a
-    bundle stays three files. A format_version 1 manifest is upgraded to format_version 2 (its digest added)
-    on the way: whoever signs vouches for its content. An earlier signature is replaced.
-    """
-    folder = Path(folder)
-    _, raw = _load(folder, verify_hashes=True, public_key=None)
-    raw = {key: value for key, value in raw.items() if key != SIGNATURE_FIELD}
-    raw["format_version"] = FORMAT_VERSION
-    raw[DIGEST_FIELD] = manifest_digest(raw)
-    public_key = private_key.public_key()
-    value = private_key.sign(SIGNED_PREFIX + raw[DIGEST_FIELD].encode("ascii"))
-    raw[SIGNATURE_FIELD] = {"algorithm": SIGNATURE_ALGORITHM, "key_id": public_key_id(public_key),
-                            "value": base64.b64encode(value).decode("ascii")}
-    _write_json(folder / MANIFEST_FILE, raw)
-    return load_bundle(folder, verify_hashes=False, public_key=public_key)
-
-
 def verify_signature(manifest: dict[str, Any], public_key: Any, manifest_path: Path) -> None:
     """Raise BundleError unless `manifest` carries a valid signature by `public_key` over its digest.
 
-    Call it on a manifest whose `manifest_sha256` was checked against its content (`load_bundle` does),
+    Call it on a manifest whose `manifest_sha256` was checked against its content (`read_bundle` does),
     so that the signature covers the whole manifest."""
     from cryptography.exceptions import InvalidSignature
 
@@ -548,66 +481,6 @@ def verify_signature(manifest: dict[str, Any], public_key: Any, manifest_path: P
     except InvalidSignature:
         raise BundleError(f"{manifest_path}: the signature does not verify with the bundle public key (key id "
                           f"{key_id[:16]}): the manifest or its signature was altered after signing") from None
-
-
-def _check_consistency(bundle: Bundle, manifest_path: Path) -> None:
-    task = definition(bundle.task)
-    expected_outputs = list(task.output_names)
-    if bundle.output_names != expected_outputs:
-        raise BundleError(
-            f"{manifest_path}: task {bundle.task!r} expects outputs {expected_outputs}, "
-            f"manifest lists {bundle.output_names}"
-        )
-    if task.needs_labels(bundle.problem_type) and not bundle.labels:
-        raise BundleError(f"{manifest_path}: task {bundle.task!r} needs labels (problem_type {bundle.problem_type!r})")
-    check_label_count(bundle, {tensor.name: tensor.shape for tensor in bundle.outputs}, f"{manifest_path} (outputs)")
-    try:
-        check_examples(bundle.task, bundle.examples)
-    except BundleError as error:
-        raise BundleError(f"{manifest_path}: {error}") from None
-
-
-def check_label_count(bundle: Bundle, output_shapes: dict[str, list[Any]], where: str) -> None:
-    """Raise BundleError when the labels do not match the width of the graph's `logits` (its last axis, where the
-    graph states it): decoding would fail on every request. `output_shapes`: the manifest's outputs, or the
-    loaded session's (ONNX Runtime's `get_outputs()`), whichever the caller has."""
-    shape = output_shapes.get("logits")
-    if not bundle.labels or not shape or not isinstance(shape[-1], int) or not definition(bundle.task).needs_labels(
-            bundle.problem_type):
-        return
-    if shape[-1] != len(bundle.labels):
-        raise BundleError(f"{where}: the graph's logits have {shape[-1]} values a row but the manifest lists "
-                          f"{len(bundle.labels)} labels ({', '.join(bundle.labels[:8])}"
-                          f"{', ...' if len(bundle.labels) > 8 else ''}); re-export the bundle")
-
-
-def check_examples(task: str, examples: list[Any]) -> None:
-    """Raise BundleError unless every example is one valid `inputs` value of the task's route."""
-    if not isinstance(examples, list):
-        raise BundleError(f"examples must be a list, found {type(examples).__name__}")
-    fields = definition(task).input_fields or None
-    for index, example in enumerate(examples):
-        where = f"examples[{index}] ({task})"
-        if fields is None:
-            if not _is_text(example):
-                raise BundleError(f"{where}: expected a non-empty text, found {example!r:.80}")
-            continue
-        if not isinstance(example, dict) or set(example) != set(fields):
-            raise BundleError(f"{where}: expected an object with exactly the fields {', '.join(fields)}")
-        for name in fields:
-            value = example[name]
-            if name == "choices":
-                if not (isinstance(value, list) and len(value) >= 2 and all(map(_is_text, value))):
-                    raise BundleError(f"{where}: choices must be a list of 2 or more non-empty texts")
-            elif name == "documents":
-                if not (isinstance(value, list) and value and all(map(_is_text, value))):
-                    raise BundleError(f"{where}: documents must be a list of 1 or more non-empty texts")
-            elif not _is_text(value):
-                raise BundleError(f"{where}: {name} must be a non-empty text")
-
-
-def _is_text(value: Any) -> bool:
-    return isinstance(value, str) and bool(value.strip())
 
 
 def find_bundles(repository: str | Path) -> list[Path]:
