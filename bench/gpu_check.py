@@ -36,6 +36,7 @@ import sys
 import time
 import zipfile
 from datetime import UTC, datetime
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -149,8 +150,9 @@ def _git_revision() -> str | None:
 
 
 def unpack(pack: Path, work: Path, python: str) -> dict[str, Any]:
-    """The pack's model and data into work/ (its .xz files decompressed), its wheels into work/site (a wheel is a
-    zip of its site-packages files), `hey` into work/bin. The setup phase runs it as `--unpack`."""
+    """The pack's model and data into work/ (its .xz files decompressed), the wheels this Python lacks at their
+    version into work/site (a wheel is a zip of its site-packages files), `hey` into work/bin. The setup phase
+    runs it as `--unpack`."""
     for part in ("model", "data"):
         for path in (p for p in (pack / part).rglob("*") if p.is_file()):
             target = work / path.relative_to(pack)
@@ -160,7 +162,7 @@ def unpack(pack: Path, work: Path, python: str) -> dict[str, Any]:
                     shutil.copyfileobj(source, out, 1 << 22)
             else:
                 shutil.copy2(path, target)
-    wheels = sorted((pack / "wheels").glob("*.whl")) if (pack / "wheels").is_dir() else []
+    wheels = [wheel for wheel in sorted((pack / "wheels").glob("*.whl")) if not _installed(wheel)]
     for wheel in wheels:
         with zipfile.ZipFile(wheel) as archive:
             archive.extractall(work / "site")
@@ -173,6 +175,15 @@ def unpack(pack: Path, work: Path, python: str) -> dict[str, Any]:
              "hey": shutil.which("hey", path=os.pathsep.join([str(work / "bin"), os.environ.get("PATH", "")]))}
     (work / "setup.json").write_text(json.dumps(facts, indent=2) + "\n", encoding="utf-8")
     return facts
+
+
+def _installed(wheel: Path) -> bool:
+    """Whether this Python already has the wheel's distribution at the wheel's version (`name-version-...whl`)."""
+    name, version = wheel.name.split("-")[:2]
+    try:
+        return metadata.version(name) == version
+    except metadata.PackageNotFoundError:
+        return False
 
 
 # -- 3./4. finetune and ddp ----------------------------------------------------------------------------------
