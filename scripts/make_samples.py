@@ -19,6 +19,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from scripts.contrast_pairs import contrast_pairs  # noqa: E402
 from tasks.readers import read_conll  # noqa: E402  (the repository root is only on the path now)
 
 OUT = REPO / "data" / "samples"
@@ -65,6 +66,10 @@ MIX_SEED = "contrast-mix-1"
 # similarity: training pairs that share most of their words (Jaccard of the lower-cased word sets) but are
 # scored low are repeated, so word overlap alone stops predicting a high score.
 STSB_CONTRAST = {"min_overlap": 0.5, "max_score": 2.5, "extra_copies": 2}
+# similarity: contrast pairs made by rule (scripts/contrast_pairs.py), at most this many per rule from each
+# source: the `images` captions and the short sentences (6-20 words) of the SQuAD v1.1 train articles.
+RULE_PAIRS_PER_SOURCE = {"negation": 50, "antonym": 50, "swapped roles": 50, "changed number": 30}
+RULE_PAIRS_SEED = "contrast-pairs-1"
 # entities: training sentences with several organisations, a multi-word organisation or a hyphenated
 # name are repeated once (every wikigold one, a seeded half of the BTC ones: wikigold's edited sentences
 # are closer to what users send); a share of the training tweets without any entity is left out to pay
@@ -139,11 +144,32 @@ def stsb(shared: Path) -> dict:
     contrast = [row for row in train if is_contrast_pair(row)]
     extra = contrast * STSB_CONTRAST["extra_copies"]
     random.Random(MIX_SEED).shuffle(extra)
-    _write_jsonl(out / "train.jsonl", train + extra)
+    rng = random.Random(RULE_PAIRS_SEED)
+    captions = sorted({row[key] for row in train for key in ("text", "text_pair")})
+    made = contrast_pairs(captions, RULE_PAIRS_PER_SOURCE, rng) + contrast_pairs(
+        _short_sentences(shared), RULE_PAIRS_PER_SOURCE, rng)
+    rng.shuffle(made)
+    _write_jsonl(out / "train.jsonl", train + extra + made)
     _write_jsonl(out / "dev.jsonl", pairs("track5.en-en"))
     return {"images pairs": len(train), "contrast pairs (overlap >= {min_overlap}, score <= {max_score})".format(
-        **STSB_CONTRAST): len(contrast), "rows added": len(extra), "train rows": len(train) + len(extra),
+        **STSB_CONTRAST): len(contrast), "rows added": len(extra),
+        "pairs made by rule": _count_by_label(made), "train rows": len(train) + len(extra) + len(made),
         "dev rows (track5.en-en, unchanged)": len(pairs("track5.en-en"))}
+
+
+def _short_sentences(shared: Path) -> list[str]:
+    """The sentences of 6-20 words (ending in a full stop) of the SQuAD v1.1 train articles' paragraphs."""
+    sentences = {sentence for article in _squad(shared, SQUAD_TRAIN) for paragraph in article["paragraphs"]
+                 for sentence in SENTENCE_END.split(paragraph["context"].strip())
+                 if 6 <= len(sentence.split()) <= 20 and sentence.endswith(".")}
+    return sorted(sentences)
+
+
+def _count_by_label(rows: list[dict]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[str(row["label"])] = counts.get(str(row["label"]), 0) + 1
+    return counts
 
 
 def _write_conll(path: Path, sentences: list[tuple[list[str], list[str]]]) -> None:
