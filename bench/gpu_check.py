@@ -8,14 +8,15 @@ succeed, the tail of its output; a phase that fails does not stop the phases tha
 1. setup: unpack the pack (bench/gpu_pack.py): SQuAD files, the wheels this Python lacks, `hey`;
 2. environment: GPU, driver, torch / CUDA, ONNX Runtime providers (bench/gpu_environment.py);
 3. finetune: `berth finetune --task qa` on the pack's SQuAD v1.1 train file, scored on the whole dev file;
-4. ddp: the same through `torchrun` (one process per GPU: 1 here; NCCL on CUDA), a short time budget. berth joins
-   a process group only at a world size above 1 (training/distributed.py), so on one GPU this runs torchrun's
-   launch and the one-process loop, and records that no backend was joined; the dry run starts 2 CPU processes
-   (gloo) so that the group, its sharding and the record's backend field are exercised;
-5. export: `berth export --precision fp16` of the finetune model with its parity gate (on ONNX Runtime's CUDA
+4. export: `berth export --precision fp16` of the finetune model with its parity gate (on ONNX Runtime's CUDA
    provider where it has one, else on the CPU provider, as `--device auto` decides);
-6. serve: where ONNX Runtime has CUDA, `berth serve` on that bundle under `hey` beside the raw engine's best
-   batch on the same GPU (bench/gpu_serving.py).
+5. serve: where ONNX Runtime has CUDA, `berth serve` on that bundle under `hey` beside the raw engine's best
+   batch on the same GPU (bench/gpu_serving.py);
+6. ddp: the fine-tuning through `torchrun` (one process per GPU: 1 here; NCCL on CUDA), a short time budget; last,
+   as the phase the budget can best lose. berth joins a process group only at a world size above 1
+   (training/distributed.py), so on one GPU this runs torchrun's launch and the one-process loop, and records that
+   no backend was joined; the dry run starts 2 CPU processes (gloo) so that the group, its sharding and the
+   record's backend field are exercised.
 `--dry-run` runs every phase on this CPU on a tiny slice (fp32, a few steps; serve on the CPU provider), the
 test suite's way of keeping the check from rotting. Only the standard library is imported here: the setup phase
 is what makes the rest importable.
@@ -53,7 +54,7 @@ GPU_PLAN: dict[str, Any] = {
     "max_train_examples": None, "max_eval_examples": None, "ddp_eval_examples": 500, "max_steps": None,
     "threads": None, "parity_examples": 100, "metric_examples": 1000, "serve_device": "cuda",
     "serve_seconds": 8.0, "serve_batch_sizes": [1, 8, 32, 64, 128],
-    "limits_s": {"setup": 60, "environment": 60, "finetune": 300, "ddp": 150, "export": 150, "serve": 120},
+    "limits_s": {"setup": 60, "environment": 60, "finetune": 300, "export": 150, "serve": 120, "ddp": 150},
     "budget_s": 460,
 }
 DRY_PLAN: dict[str, Any] = {
@@ -62,7 +63,7 @@ DRY_PLAN: dict[str, Any] = {
     "max_eval_examples": 16,
     "ddp_eval_examples": 8, "max_steps": 3, "threads": 1, "parity_examples": 16, "metric_examples": 16,
     "serve_device": "cpu", "serve_seconds": 1.0, "serve_batch_sizes": [1, 4],
-    "limits_s": {"setup": 60, "environment": 60, "finetune": 120, "ddp": 120, "export": 120, "serve": 90},
+    "limits_s": {"setup": 60, "environment": 60, "finetune": 120, "export": 120, "serve": 90, "ddp": 120},
     "budget_s": 420,
 }
 
@@ -292,14 +293,6 @@ def main(argv: list[str] | None = None) -> int:
         plan, train, dev, work / "model", model, plan["finetune_minutes"], plan["max_eval_examples"])], env)
     check.measure("finetune", finetune, lambda: finetune_metrics(model))
 
-    log_before_ddp = check.log_path.stat().st_size
-    ddp = check.run("ddp", [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-                            str(plan["ddp_processes"]), "-m",
-                            "berth.cli", *finetune_command(plan, train, dev, work / "model", work / "ddp",
-                                                           plan["ddp_minutes"], plan["ddp_eval_examples"])], env)
-    check.measure("ddp", ddp, lambda: {**finetune_metrics(work / "ddp"), "backend": ddp_backend(
-        check.log_path.read_bytes()[log_before_ddp:].decode("utf-8", "replace"))})
-
     bundle = work / "bundle-fp16"
     if (finetune or {}).get("status") != "ok":
         check.skip("export", "needs the finetune phase's model")
@@ -325,6 +318,14 @@ def main(argv: list[str] | None = None) -> int:
             "--batch-sizes", *map(str, plan["serve_batch_sizes"]), *(
                 ["--threads", str(plan["threads"])] if plan["threads"] else [])], env)
         check.measure("serve", serve, lambda: serving_metrics(serving))
+
+    log_before_ddp = check.log_path.stat().st_size
+    ddp = check.run("ddp", [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                            str(plan["ddp_processes"]), "-m",
+                            "berth.cli", *finetune_command(plan, train, dev, work / "model", work / "ddp",
+                                                           plan["ddp_minutes"], plan["ddp_eval_examples"])], env)
+    check.measure("ddp", ddp, lambda: {**finetune_metrics(work / "ddp"), "backend": ddp_backend(
+        check.log_path.read_bytes()[log_before_ddp:].decode("utf-8", "replace"))})
     check.record["complete"] = True
     check.save()
     statuses = {name: phase["status"] for name, phase in check.record["phases"].items()}
