@@ -224,6 +224,7 @@ def export_precisions(repository: Path, precisions: list[str], work: Path, threa
     benchmark says so)."""
     from export.bundle_builder import export_bundle
     from export.parity import ParityError
+    from export.settings import ExportSettings
     from tasks.bundle_checks import load_bundle
     from tasks.runtime.bundle import find_bundles
 
@@ -239,8 +240,8 @@ def export_precisions(repository: Path, precisions: list[str], work: Path, threa
             recipe = (bundle.optimization.get("int8") or {}).get("recipe") if precision == "int8" else None
             print(f"exporting {folder.name} ({bundle.task}) as {precision} from {checkpoint}", flush=True)
             try:
-                export_bundle(checkpoint, target / folder.name, precision=precision, task=bundle.task,
-                              threads=threads, prefer_gpu=False, int8_recipe=recipe)
+                export_bundle(ExportSettings(model_folder=checkpoint, out=target / folder.name, precision=precision,
+                                             task=bundle.task, threads=threads, device="cpu", int8_recipe=recipe))
             except ParityError as error:
                 print(f"{folder.name}: {precision} failed its gate, left out:\n{error}", flush=True)
         out[precision] = target

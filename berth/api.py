@@ -253,9 +253,4 @@ def export(model_folder: str | os.PathLike[str] | ExportSettings, out: str | os.
         import json
 
         examples = json.loads(settings.examples.read_text(encoding="utf-8"))
-    return export_bundle(
-        settings.model_folder, settings.out, settings.precision, task=settings.task, example_inputs=examples,
-        optimize_graph=settings.optimize, data_dir=settings.data_dir, parity_examples=settings.parity_examples,
-        min_agreement=settings.min_agreement, threads=settings.threads, prefer_gpu=settings.device != "cpu",
-        pooling=settings.pooling, int8_recipe=settings.int8_recipe, calibration_file=settings.calibration_data,
-        dev_file=settings.dev_data, metric_examples=settings.metric_examples)
+    return export_bundle(settings, examples)

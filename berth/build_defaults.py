@@ -181,6 +181,7 @@ def build_embeddings_bundle(out: Path, force: bool = False, threads: int | None 
     """The embedded base as it is (a sentence-transformers model: mean pooling, normalized) as the
     `embeddings` bundle: export only, no training. fp32, so it answers as sentence-transformers does."""
     from export.bundle_builder import export_bundle
+    from export.settings import ExportSettings
     from training.checkpoint import default_base_path
 
     bundle = out / EMBEDDINGS_BUNDLE
@@ -189,8 +190,9 @@ def build_embeddings_bundle(out: Path, force: bool = False, threads: int | None 
         return None
     started = time.time()
     with Progress("[embeddings] exporting"):  # a line at least every 30 s while it works
-        export_bundle(default_base_path(), bundle, precision="fp32", task="embedding", optimize_graph="never",
-                      parity_examples=64, threads=threads, example_inputs=default_examples().get(EMBEDDINGS_BUNDLE))
+        export_bundle(ExportSettings(model_folder=default_base_path(), out=bundle, precision="fp32", task="embedding",
+                                     optimize="never", parity_examples=64, threads=threads),
+                      example_inputs=default_examples().get(EMBEDDINGS_BUNDLE))
     say(f"[embeddings] exported the base model in {time.time() - started:.0f} s -> {bundle}")
     return bundle
 
@@ -395,6 +397,7 @@ def _export(model_folder: Path, bundle: Path, precision: str, automatic: bool, t
     from export.bundle_builder import export_bundle
     from export.parity import ParityError
     from export.precision import INT8_RECIPE_CHAIN
+    from export.settings import ExportSettings
 
     # Automatic int8 tries each recipe of the chain (less drift, less speed-up down the chain) before fp32.
     recipes = INT8_RECIPE_CHAIN if automatic and precision == "int8" else (None,)
@@ -402,7 +405,8 @@ def _export(model_folder: Path, bundle: Path, precision: str, automatic: bool, t
         say(f"{tag}: exporting {precision}" + (f" (int8 recipe {recipe})" if recipe else ""))
         try:
             with Progress(f"{tag}: exporting {precision}"):  # a line at least every 30 s while it works
-                export_bundle(model_folder, bundle, precision=precision, example_inputs=examples, int8_recipe=recipe)
+                export_bundle(ExportSettings(model_folder=model_folder, out=bundle, precision=precision,
+                                             int8_recipe=recipe), example_inputs=examples)
             return
         except ParityError as error:
             if not automatic or precision == "fp32":
@@ -412,7 +416,7 @@ def _export(model_folder: Path, bundle: Path, precision: str, automatic: bool, t
     # ships in fp32 (exact parity) rather than not at all. An explicit --precision still fails.
     say(f"{tag}: exporting fp32 instead")
     with Progress(f"{tag}: exporting fp32"):
-        export_bundle(model_folder, bundle, precision="fp32", example_inputs=examples)
+        export_bundle(ExportSettings(model_folder=model_folder, out=bundle, precision="fp32"), example_inputs=examples)
 
 
 def _record_quality(bundle: Path, quality: dict) -> None:

@@ -18,6 +18,7 @@ import onnxruntime
 from export import calibration, invariance, onnx_export, optimize, parity
 from export.bundle_writing import load_private_key, sign_bundle, write_manifest
 from export.precision import DEFAULT_RECIPE, RECIPES, to_fp16, to_int8
+from export.settings import ExportSettings
 from tasks.bundle_checks import check_examples, load_bundle
 from tasks.model_card import CARD_FILE, bundle_card, checkpoint_reference, portable_paths
 from tasks.registry import definition, head_class
@@ -31,46 +32,27 @@ log = logging.getLogger(__name__)
 Optimize = Literal["auto", "always", "never"]
 
 
-def export_bundle(
-    checkpoint: str | Path,
-    out: str | Path,
-    precision: str = "fp32",
-    *,
-    task: str | None = None,
-    optimize_graph: Optimize = "auto",
-    data_dir: str | Path | None = None,
-    parity_examples: int | None = None,
-    min_agreement: float = parity.MIN_AGREEMENT,
-    example_inputs: list[Any] | None = None,
-    threads: int | None = None,
-    prefer_gpu: bool = True,
-    opset: int = onnx_export.OPSET,
-    pooling: str | None = None,
-    int8_recipe: str | None = None,
-    calibration_file: str | Path | None = None,
-    dev_file: str | Path | None = None,
-    metric_examples: int | None = None,
-    signing_key: str | Path | None = None,
-    allow_batch_dependent: bool = False,
-) -> Bundle:
-    """Export the fine-tuned `checkpoint` folder as a bundle in `out` (replaced if it exists).
+def export_bundle(settings: ExportSettings, example_inputs: list[Any] | None = None, *,
+                  signing_key: str | Path | None = None) -> Bundle:
+    """Export the fine-tuned `settings.model_folder` as a bundle in `settings.out` (replaced if it exists), with the
+    settings of `berth export` (export/settings.py), passed whole.
 
     - `precision`: fp32 (any provider), fp16 (for CUDA; keeps fp32 inputs/outputs), int8 (dynamic
       quantization; CPU only).
-    - `optimize_graph`: `auto` runs ORT's offline BERT optimizer and keeps whichever graph (plain or
+    - `optimize`: `auto` runs ORT's offline BERT optimizer and keeps whichever graph (plain or
       fused, in the target precision) runs faster here (measured); `always` / `never` force the choice.
-    - `example_inputs`: example `inputs` of the task's route, written into the manifest's `examples`
-      (the playground offers them); checked before anything is exported.
+    - `example_inputs`: example `inputs` of the task's route (`berth export` reads them from `settings.examples`),
+      written into the manifest's `examples` (the playground offers them); checked before anything is exported.
     - `data_dir`: the shared data sets for the parity slice (default ../shared/data if present,
       else the shipped samples, else built-in sentences); `parity_examples` examples are checked
       (default: the task definition's `parity_examples`),
       and fp16/int8 must give the same task answer on `min_agreement` of them (the threshold used
       is written into the manifest).
     - `pooling`: for `embedding`, overrides the pooling read from the folder's sentence-transformers files.
-    - fp16/int8 also pass the task-metric gate on `dev_file` (default: the dev file the checkpoint was
+    - fp16/int8 also pass the task-metric gate on `dev_data` (default: the dev file the checkpoint was
       fine-tuned with, from its finetune_run.json), `metric_examples` of it (default by task).
     - `int8_recipe` (one of `export.precision.RECIPES`, default `DEFAULT_RECIPE`); static recipes are
-      calibrated on `calibration_file` (default: the checkpoint's training file).
+      calibrated on `calibration_data` (default: the checkpoint's training file).
     - `signing_key`: an Ed25519 private key (PEM, as `berth sign-bundle --new-key` writes) to sign the
       bundle with (`export.bundle_writing.sign_bundle`); read before the export starts, so a bad key fails at once.
     - The batch-invariance gate (`export.invariance`): each parity input alone and among random neighbours, on
@@ -83,26 +65,25 @@ def export_bundle(
 
     from training.torch_runner import torch_runner
 
-    if precision not in PRECISION_PROVIDERS:
-        raise ValueError(f"precision must be one of {sorted(PRECISION_PROVIDERS)}, got {precision!r}")
+    checkpoint, out, precision, threads = settings.model_folder, settings.out, settings.precision, settings.threads
+    prefer_gpu, opset = settings.device != "cpu", onnx_export.OPSET
     private_key = load_private_key(signing_key) if signing_key is not None else None
     if threads:
         torch.set_num_threads(threads)
-    checkpoint, out = Path(checkpoint), Path(out)
-    model, spec, load_report = onnx_export.load_finetuned(checkpoint, task, pooling)
+    model, spec, load_report = onnx_export.load_finetuned(checkpoint, settings.task, settings.pooling)
     if load_report.fresh or load_report.resized:
         log.warning("%s: weights not in the checkpoint were initialized fresh (%s); "
                     "the bundle will not answer as a trained model", checkpoint, load_report)
     config = model.config
     check_examples(spec.task, example_inputs or [])
-    data_dir = Path(data_dir) if data_dir else parity.default_data_dir()
+    data_dir = settings.data_dir or parity.default_data_dir()
     out.parent.mkdir(parents=True, exist_ok=True)
     trained_on = finetune_files(checkpoint)
-    calibration_file = _existing(calibration_file) or trained_on.get("train_file")
-    dev_file = _existing(dev_file) or trained_on.get("dev_file")
+    calibration_file = _existing(settings.calibration_data) or trained_on.get("train_file")
+    dev_file = _existing(settings.dev_data) or trained_on.get("dev_file")
     convert = CONVERTERS[precision]
     if precision == "int8":
-        recipe = int8_recipe or DEFAULT_RECIPE
+        recipe = settings.int8_recipe or DEFAULT_RECIPE
         feeds = None
         if RECIPES[recipe].static:
             if calibration_file is None:
@@ -119,7 +100,7 @@ def export_bundle(
         plain = onnx_export.export_onnx(model, spec.task, scratch / "plain.onnx", opset)
         log.info("exported %s (%s) to ONNX opset %d", checkpoint, spec.task, opset)
         built, optimization = _build_model_file(
-            plain, scratch, config, optimize_graph, precision, threads or 0, prefer_gpu, convert
+            plain, scratch, config, settings.optimize, precision, threads or 0, prefer_gpu, convert
         )
         if precision == "int8":
             optimization["int8"] = {"recipe": recipe, **RECIPES[recipe].describe(),
@@ -134,7 +115,7 @@ def export_bundle(
 
         tokenizer = load_tokenizer(final / TOKENIZER_FILE)
         examples, source = parity.parity_slice(
-            spec, tokenizer, data_dir, parity_examples or definition(spec.task).parity_examples)
+            spec, tokenizer, data_dir, settings.parity_examples or definition(spec.task).parity_examples)
         output_names = definition(spec.task).output_names
         reference = torch_runner(model, output_names)
         reports = []
@@ -145,16 +126,17 @@ def export_bundle(
             with Progress(f"parity gate ({used})", total=items, unit="items") as bar:
                 candidate = counted(onnx_runner(session, output_names), bar)
                 report = parity.check_parity(spec, examples, reference, candidate,
-                                             precision, used, source, min_agreement=min_agreement,
+                                             precision, used, source, min_agreement=settings.min_agreement,
                                              raise_on_failure=precision == "fp32",
                                              metric_checked=dev_file is not None)
             if precision != "fp32":
-                report = _with_metric_gate(report, spec, tokenizer, dev_file, model, session, metric_examples)
+                report = _with_metric_gate(report, spec, tokenizer, dev_file, model, session,
+                                           settings.metric_examples)
             log.info("%s", parity.format_report(report))
             reports.append(report)
             if used == CPU:  # what a batching server or `berth predict` runs on the CPU
                 invariant = _invariance_gate(spec, examples, onnx_runner(session, output_names), used,
-                                             allow_batch_dependent)
+                                             settings.allow_batch_dependent)
         parity_figures = {**reports[0], "providers": [r["provider"] for r in reports]}
         if len(reports) > 1:
             parity_figures["by_provider"] = reports

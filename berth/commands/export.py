@@ -16,8 +16,9 @@ from export.settings import ExportSettings
 NOISY_LOGGERS = ("fusion_base", "onnx_model", "onnx_model_bert", "fusion_utils")
 
 
-def check_device(settings: ExportSettings) -> bool:
-    """Whether to prefer CUDA; refuses the pairings that cannot work, with the reason."""
+def check_device(settings: ExportSettings) -> None:
+    """Refuse the device and precision pairings that cannot work, with the reason (export_bundle prefers CUDA unless
+    `device` is cpu)."""
     import onnxruntime
 
     if settings.device == "cuda":
@@ -31,7 +32,6 @@ def check_device(settings: ExportSettings) -> bool:
         logging.getLogger("berth.export").warning(
             "fp16 bundles are meant for CUDA; on the CPU provider fp16 runs slower than fp32 "
             "(validating on CPU anyway)")
-    return settings.device != "cpu"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger(name).setLevel(logging.WARNING)
     settings = settings_from_args(args, ExportSettings, "export")
     print(f"berth export settings: {settings.model_dump_json()}", file=sys.stderr)
-    prefer_gpu = check_device(settings)
+    check_device(settings)
     if (settings.out / "bundle.json").exists() and not settings.force:
         raise SystemExit(f"berth export: {settings.out} already holds a bundle; use --force to replace it")
 
@@ -58,14 +58,7 @@ def run(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as error:
             raise SystemExit(f"berth export: --examples {settings.examples}: {error}") from None
     try:
-        bundle = export_bundle(
-            settings.model_folder, settings.out, settings.precision, task=settings.task, example_inputs=examples,
-            optimize_graph=settings.optimize, data_dir=settings.data_dir, parity_examples=settings.parity_examples,
-            min_agreement=settings.min_agreement, threads=settings.threads, prefer_gpu=prefer_gpu,
-            pooling=settings.pooling,
-            int8_recipe=settings.int8_recipe, calibration_file=settings.calibration_data, dev_file=settings.dev_data,
-            metric_examples=settings.metric_examples, allow_batch_dependent=settings.allow_batch_dependent,
-        )
+        bundle = export_bundle(settings, examples)
     except InvarianceError as error:
         print(f"berth export: refused, an input's outputs depend on its batch neighbours:\n{error}\n(an int8 recipe "
               "with per-row activation scales is batch-invariant; --allow-batch-dependent ships it marked)",

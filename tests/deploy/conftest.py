@@ -93,6 +93,7 @@ def deploy_repository(tmp_path_factory) -> Path:
     from torch import nn
 
     from export.bundle_builder import export_bundle
+    from export.settings import ExportSettings
     from tasks.runtime.spec import TaskSpec
     from training.checkpoint import default_base_path, load_pretrained, save_pretrained
     from training.model import BertForSequenceClassification
@@ -107,8 +108,8 @@ def deploy_repository(tmp_path_factory) -> Path:
     checkpoint = root / "checkpoint"
     save_pretrained(model, checkpoint, tokenizer_from=default_base_path())
     TaskSpec(task="classification", labels=["negative", "positive"], max_seq_length=64).save(checkpoint)
-    export_bundle(checkpoint, root / "repository" / MODEL, precision="fp32", optimize_graph="never",
-                  parity_examples=8, threads=2)
+    export_bundle(ExportSettings(model_folder=checkpoint, out=root / "repository" / MODEL, precision="fp32",
+                                 optimize="never", parity_examples=8, threads=2))
     return root / "repository"
 
 

@@ -87,6 +87,7 @@ def models(work) -> tuple[Path, dict[str, Path]]:
     is not the owner), and the fine-tuned folders they came from."""
     pytest.importorskip("torch")
     from export.bundle_builder import export_bundle
+    from export.settings import ExportSettings
     from tests.service.models_for_tests import build_checkpoints
 
     reuse = os.environ.get("BERTH_TEST_REPOSITORY")  # as in tests/service/conftest.py: built once, reused after
@@ -95,8 +96,8 @@ def models(work) -> tuple[Path, dict[str, Path]]:
     if not (reuse and all((exported / name / "bundle.json").is_file() for name in BUNDLES)):
         checkpoints = build_checkpoints(root / "checkpoints")
         for name in BUNDLES:
-            export_bundle(checkpoints[name], exported / name, precision="fp32", optimize_graph="never",
-                          parity_examples=4, threads=2)
+            export_bundle(ExportSettings(model_folder=checkpoints[name], out=exported / name, precision="fp32",
+                                         optimize="never", parity_examples=4, threads=2))
     checkpoints = {name: root / "checkpoints" / name for name in BUNDLES}
     repository = work / "models"
     for name in BUNDLES:

@@ -21,6 +21,7 @@ onnx = pytest.importorskip("onnx")
 from export import invariance, parity, precision  # noqa: E402
 from export.bundle_builder import export_bundle  # noqa: E402
 from export.onnx_export import export_onnx, load_finetuned  # noqa: E402
+from export.settings import ExportSettings  # noqa: E402
 from tasks.registry import definition  # noqa: E402
 from tasks.runtime.inference import Batch, run_batch  # noqa: E402
 from tasks.runtime.onnx_session import create_session, onnx_runner  # noqa: E402
@@ -84,15 +85,16 @@ def test_one_scale_per_batch_tensor_moves_the_same_input(base_path, tmp_path):
 
 
 def test_the_export_gate_refuses_a_batch_dependent_bundle_unless_asked_to_mark_it(checkpoints, tmp_path):  # noqa: F811
-    options = {"optimize_graph": "never", "parity_examples": 48, "threads": 2}
+    options = {"model_folder": checkpoints["sentiment"], "precision": "int8", "optimize": "never",
+               "parity_examples": 48, "threads": 2}
     with pytest.raises(invariance.InvarianceError, match="batch invariance FAILED"):
-        export_bundle(checkpoints["sentiment"], tmp_path / "per-tensor", "int8", int8_recipe=PER_TENSOR, **options)
+        export_bundle(ExportSettings(out=tmp_path / "per-tensor", int8_recipe=PER_TENSOR, **options))
     assert not (tmp_path / "per-tensor").exists()  # nothing half-built where a server would look
-    marked = export_bundle(checkpoints["sentiment"], tmp_path / "marked", "int8", int8_recipe=PER_TENSOR,
-                           allow_batch_dependent=True, **options)
+    marked = export_bundle(ExportSettings(out=tmp_path / "marked", int8_recipe=PER_TENSOR, allow_batch_dependent=True,
+                                          **options))
     assert marked.batch_invariance["batch_dependent"] is True
     assert marked.batch_invariance["max_abs_diff"] > invariance.MAX_ABS_DIFF
-    shipped = export_bundle(checkpoints["sentiment"], tmp_path / "rowwise", "int8", **options)
+    shipped = export_bundle(ExportSettings(out=tmp_path / "rowwise", **options))
     figures = shipped.batch_invariance
     assert figures["batch_dependent"] is False and figures["max_abs_diff"] <= invariance.MAX_ABS_DIFF
     assert figures["changed_answers"] == 0 and figures["examples"] == 48 and figures["batch_sizes"] == [8, 32]

@@ -21,6 +21,7 @@ onnx = pytest.importorskip("onnx")
 from export import embedding_quant, precision  # noqa: E402
 from export.bundle_builder import export_bundle  # noqa: E402
 from export.onnx_export import export_onnx, load_finetuned  # noqa: E402
+from export.settings import ExportSettings  # noqa: E402
 from tasks.bundle_checks import load_bundle  # noqa: E402
 from tasks.runtime.onnx_session import create_session  # noqa: E402
 
@@ -151,9 +152,10 @@ def test_a_fused_or_tied_table_is_left_alone_with_the_reason(plain, tmp_path):
 
 def test_an_existing_int8_bundle_is_converted_gated_and_still_loads(base_path, feeds, tmp_path):
     # an int8 bundle as exported before the 8-bit embeddings were the default
-    bundle = export_bundle(base_path, tmp_path / "embeddings", "int8", task="embedding", optimize_graph="never",
-                           parity_examples=16, threads=2, int8_recipe="dynamic-keep-early-ffn",
-                           allow_batch_dependent=True)  # per-tensor scales: batch-dependent, as bundles were then
+    bundle = export_bundle(ExportSettings(
+        model_folder=base_path, out=tmp_path / "embeddings", precision="int8", task="embedding", optimize="never",
+        parity_examples=16, threads=2, int8_recipe="dynamic-keep-early-ffn",
+        allow_batch_dependent=True))  # per-tensor scales: batch-dependent, as bundles were then
     assert bundle.optimization["int8"]["word_embeddings"] == "fp32"
     converted_path = tmp_path / "converted" / "embeddings"
     record = embedding_quant.convert_bundle(bundle.path, converted_path, examples=16, threads=2)
@@ -179,10 +181,12 @@ def test_the_recipe_passes_the_export_gate_against_pytorch(base_path, tmp_path):
     """`berth export --precision int8` (the default recipe, with the 8-bit embeddings): the parity gate against
     PyTorch (the embedding task: cosine agreement on every example) passes, and its figures are those of the recipe
     without the step, within what int8 noise moves them."""
-    options = {"task": "embedding", "optimize_graph": "never", "parity_examples": 16, "threads": 2}
-    plain_int8 = export_bundle(base_path, tmp_path / "int8", "int8", int8_recipe="dynamic-keep-early-ffn",
-                               allow_batch_dependent=True, **options)  # per-tensor scales: batch-dependent
-    emb8 = export_bundle(base_path, tmp_path / "emb8", "int8", **options)  # the default recipe
+    options = {"model_folder": base_path, "precision": "int8", "task": "embedding", "optimize": "never",
+               "parity_examples": 16, "threads": 2}
+    # per-tensor scales: batch-dependent
+    plain_int8 = export_bundle(ExportSettings(out=tmp_path / "int8", int8_recipe="dynamic-keep-early-ffn",
+                                              allow_batch_dependent=True, **options))
+    emb8 = export_bundle(ExportSettings(out=tmp_path / "emb8", **options))  # the default recipe
     assert emb8.optimization["int8"]["recipe"] == precision.DEFAULT_RECIPE == "rowwise-keep-early-ffn-emb8"
     assert emb8.parity["passed"] and emb8.parity["agreement"] == 1.0
     assert emb8.optimization["int8"]["word_embeddings"] == "uint8"

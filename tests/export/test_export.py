@@ -21,6 +21,7 @@ from berth.cli import main as berth_main  # noqa: E402
 from export import parity  # noqa: E402
 from export.bundle_builder import export_bundle  # noqa: E402
 from export.onnx_export import graph_io, load_finetuned  # noqa: E402
+from export.settings import ExportSettings  # noqa: E402
 from tasks.bundle_checks import load_bundle  # noqa: E402
 from tasks.registry import head_class  # noqa: E402
 from tasks.runtime.bundle import BundleError, file_sha256  # noqa: E402
@@ -63,15 +64,16 @@ def repository(tmp_path_factory) -> Path:
 
 
 def _export(finetuned, repository, task, precision="fp32", **options):
-    options = {"optimize_graph": "never", "parity_examples": EXAMPLES, "threads": 2, **options}
-    return export_bundle(finetuned[task], repository / f"{task}-{precision}", precision, **options)
+    options = {"optimize": "never", "parity_examples": EXAMPLES, "threads": 2, **options}
+    return export_bundle(ExportSettings(model_folder=finetuned[task], out=repository / f"{task}-{precision}",
+                                        precision=precision, **options))
 
 
 @pytest.mark.parametrize("task,optimize_graph", [
     ("classification", "auto"), ("pair", "never"), ("ner", "never"), ("qa", "always"),
 ])
 def test_fp32_export_of_each_head_passes_parity(finetuned, repository, task, optimize_graph):
-    bundle = _export(finetuned, repository, task, optimize_graph=optimize_graph)
+    bundle = _export(finetuned, repository, task, optimize=optimize_graph)
     spec = SPECS[task]
     assert load_bundle(bundle.path).name == f"{task}-fp32"
     assert bundle.task == task and bundle.labels == spec.labels
@@ -136,7 +138,7 @@ def test_fill_mask_export_through_the_cli(finetuned, repository, capsys):
 
 
 def test_fp16_keeps_fp32_io_and_agrees(finetuned, repository):
-    bundle = _export(finetuned, repository, "classification", "fp16", optimize_graph="auto")
+    bundle = _export(finetuned, repository, "classification", "fp16", optimize="auto")
     assert bundle.precision == "fp16" and bundle.execution_providers == ["CUDAExecutionProvider"]
     assert bundle.providers_validated  # here: the CPU provider (no CUDA on this machine)
     inputs, outputs = graph_io(bundle.model_path)
@@ -265,7 +267,8 @@ def test_build_defaults_tries_the_int8_recipe_chain_before_fp32(finetuned, repos
     assert INT8_RECIPE_CHAIN[0] == DEFAULT_RECIPE and len(INT8_RECIPE_CHAIN) > 1
     fallback = INT8_RECIPE_CHAIN[1]
     try:
-        export_bundle(finetuned["ner"], repository / "ner-fallback", "int8", int8_recipe=fallback)
+        export_bundle(ExportSettings(model_folder=finetuned["ner"], out=repository / "ner-fallback", precision="int8",
+                                     int8_recipe=fallback))
         expected = ("int8", fallback)
     except parity.ParityError:
         expected = ("fp32", None)

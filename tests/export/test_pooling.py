@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("onnx")
 
 from export.bundle_builder import export_bundle  # noqa: E402
+from export.settings import ExportSettings  # noqa: E402
 from tasks.runtime.spec import TaskSpec  # noqa: E402
 from tests.service.conftest import ServerProcess  # noqa: E402
 from training.checkpoint import load_pretrained, save_pretrained  # noqa: E402
@@ -89,7 +90,8 @@ def test_pooling_round_trips_to_the_served_scores(base_path, tmp_path, pooling):
     assert reloaded.pooling == pooling
 
     repository = tmp_path / "repository"
-    export_bundle(folder, repository / "head", "fp32", optimize_graph="never", parity_examples=4, threads=2)
+    export_bundle(ExportSettings(model_folder=folder, out=repository / "head", optimize="never", parity_examples=4,
+                                 threads=2))
     manifest = json.loads((repository / "head" / "bundle.json").read_text())
     assert manifest["model_config"]["classifier_pooling"] == pooling
 

@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from export.bundle_builder import export_bundle
+from export.settings import ExportSettings
 from tasks.readers import read_conll
 from tests.predict.conftest import read_output, run_predict, write_jsonl
 from tests.predict.test_matches_service import assert_same, sst2
@@ -19,8 +20,8 @@ def int8_server(checkpoints, tmp_path_factory):  # noqa: F811
     root = tmp_path_factory.mktemp("int8-repository")
     for name in ("sentiment", "entities"):
         # The test heads are barely trained: agreement with PyTorch is not what this test is about.
-        export_bundle(checkpoints[name], root / "repository" / name, "int8", optimize_graph="never",
-                      parity_examples=16, min_agreement=0.5, threads=2)
+        export_bundle(ExportSettings(model_folder=checkpoints[name], out=root / "repository" / name, precision="int8",
+                                     optimize="never", parity_examples=16, min_agreement=0.5, threads=2))
     proc = ServerProcess(root / "repository", root / "serve.log")
     proc.repository = root / "repository"
     try:

@@ -126,6 +126,7 @@ def bundle_repository(tmp_path_factory) -> Path:
     import torch
 
     from export.bundle_builder import export_bundle
+    from export.settings import ExportSettings
     from tests.service.models_for_tests import BUNDLE_NAMES, EXPORT_TASKS, build_checkpoints
     from training.checkpoint import default_base_path
 
@@ -138,8 +139,8 @@ def bundle_repository(tmp_path_factory) -> Path:
     checkpoints = build_checkpoints(root / "checkpoints")
     checkpoints["embeddings"] = default_base_path()  # served as it is: the sentence-transformers model
     for name, folder in checkpoints.items():
-        export_bundle(folder, repository / name, precision="fp32", optimize_graph="never", parity_examples=8,
-                      threads=2, task=EXPORT_TASKS.get(name))
+        export_bundle(ExportSettings(model_folder=folder, out=repository / name, precision="fp32", optimize="never",
+                                     parity_examples=8, threads=2, task=EXPORT_TASKS.get(name)))
     return repository
 
 

@@ -91,6 +91,7 @@ def test_bilstm_equals_torch_packed_bidirectional_lstm_whatever_the_padding():
 
 def test_feature_based_ner_trains_a_frozen_encoder_and_exports_a_served_bundle(tmp_path, shared_data, base_path):
     from export.bundle_builder import export_bundle
+    from export.settings import ExportSettings
     from tests.service.conftest import ServerProcess
 
     train, dev, out = tmp_path / "train.txt", tmp_path / "dev.txt", tmp_path / "model"
@@ -120,8 +121,9 @@ def test_feature_based_ner_trains_a_frozen_encoder_and_exports_a_served_bundle(t
     again = evaluate_model(out, dev)
     assert again["f1"] == pytest.approx(spec.dev_metrics["f1"]) and again["n_gold"] == spec.dev_metrics["n_gold"]
 
-    bundle = export_bundle(out, tmp_path / "repository" / "feature-ner", precision="fp32", optimize_graph="never",
-                           parity_examples=32, threads=2, data_dir=shared_data)
+    bundle = export_bundle(ExportSettings(model_folder=out, out=tmp_path / "repository" / "feature-ner",
+                                          precision="fp32", optimize="never", parity_examples=32, threads=2,
+                                          data_dir=shared_data))
     assert bundle.task == "ner" and bundle.parity["passed"] and bundle.parity["max_abs_diff"] <= 1e-4
 
     text = "Peter Blackburn of the European Commission said in Brussels on Thursday that Germany was wrong ."

@@ -49,21 +49,22 @@ def test_the_bundles_are_gated_on_the_ranking_and_evaluate_as_pytorch(trained, t
     has near-tied paragraphs, so int8 may pass or be refused, but the gate must have scored the ranking."""
     from export.bundle_builder import export_bundle
     from export.parity import ParityError
+    from export.settings import ExportSettings
     from tasks.bundle_checks import load_bundle
 
     out, metrics = trained
     examples = [{"query": "Who designed the bridge?",
                  "documents": ["It opened in 2005.", "Sofia Lindqvist designed it."]}]
-    export_bundle(out, tmp_path / "fp32", precision="fp32", parity_examples=8, optimize_graph="never",
-                  example_inputs=examples)
+    export_bundle(ExportSettings(model_folder=out, out=tmp_path / "fp32", precision="fp32", parity_examples=8,
+                                 optimize="never"), example_inputs=examples)
     dev = SAMPLES / "squad/dev.json"
     fp32_metrics = evaluate_model(tmp_path / "fp32", dev, limit=DEV_QUESTIONS)
     assert fp32_metrics["mrr_at_10"] == pytest.approx(metrics["mrr_at_10"])
     assert fp32_metrics["top1"] == pytest.approx(metrics["top1"])
     assert load_bundle(tmp_path / "fp32").examples == examples
     try:
-        export_bundle(out, tmp_path / "int8", precision="int8", parity_examples=8, metric_examples=DEV_QUESTIONS,
-                      optimize_graph="never")
+        export_bundle(ExportSettings(model_folder=out, out=tmp_path / "int8", precision="int8", parity_examples=8,
+                                     metric_examples=DEV_QUESTIONS, optimize="never"))
     except ParityError as error:
         assert "task metric" in str(error) and "mrr_at_10" in str(error), str(error)  # refused, the ranking scored
         return
