@@ -41,8 +41,10 @@ from typing import Any
 import torch
 
 from bench.machine import machine_facts
+from training.data_order import epoch_batches
+from training.optimizer import build_optimizer
 from training.precision import autocast, cpu_bf16_support
-from training.trainer import TrainSettings, build_optimizer, epoch_batches
+from training.settings import TrainSettings
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data"

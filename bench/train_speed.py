@@ -44,7 +44,8 @@ from bench.machine import machine_facts
 from tasks.runtime.tokenizer import load_tokenizer
 from training.config import BertConfig
 from training.model import BertForPreTraining
-from training.trainer import TrainSettings, build_optimizer
+from training.optimizer import build_optimizer
+from training.settings import TrainSettings
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO.parent / "shared" / "data" / "pretraining" / "inaugural"
@@ -302,7 +303,7 @@ def main(argv: list[str] | None = None) -> None:
     shapes = QUICK_SHAPES if args.quick else FULL_SHAPES
     settings = dict(threads=args.threads, warmup=warmup, repetitions=repetitions, seed=args.seed,
                     contestants=names, shapes=[s.label for s in shapes],
-                    optimizer="training.trainer.build_optimizer: fused AdamW, lr 1e-4, wd 0.01",
+                    optimizer="training.optimizer.build_optimizer: fused AdamW, lr 1e-4, wd 0.01",
                     step="fp32 forward + backward + clip_grad_norm_(1.0) + AdamW step + zero_grad(set_to_none=True)")
     print("settings:", json.dumps(settings))
     machine = machine_facts(args.threads)

@@ -17,7 +17,7 @@ from typing import Any
 
 from torch import nn
 
-from training.training_state import load_checkpoint, save_checkpoint
+from training.training_state import load_training_state, save_training_state
 
 _STEP_FOLDER = re.compile(r"^step-(\d+)$")
 
@@ -111,7 +111,7 @@ class BestCheckpoint(TrainerCallback):
         value = metric_value(metrics, self.metric)
         self.evaluations.append({"step": step, **metrics})
         if improves(value, self.value, self.greater):
-            save_checkpoint(self._path(step), {"model": model.state_dict(), "step": step})
+            save_training_state(self._path(step), {"model": model.state_dict(), "step": step})
             self.step, self.value = step, value
 
     def on_state_saved(self, step: int) -> None:
@@ -123,7 +123,7 @@ class BestCheckpoint(TrainerCallback):
         """The model state of the best evaluation."""
         if self.step is None:
             raise ValueError("no evaluation yet")
-        return load_checkpoint(self._path(self.step))["model"]
+        return load_training_state(self._path(self.step))["model"]
 
     def record(self) -> dict[str, Any]:
         """step, metric, value and direction of the best evaluation, and every evaluation."""

@@ -46,8 +46,6 @@ from training.data_order import (
     dataset_lengths,
     derive_seed,
     epoch_batches,
-    epoch_permutation,
-    length_grouped_permutation,
 )
 from training.distributed import (
     DistContext,
@@ -63,8 +61,6 @@ from training.optimizer import (
     build_optimizer,
     build_scheduler,
     current_learning_rate,
-    linear_schedule,
-    parameter_groups,
     replan,
 )
 from training.precision import autocast, dtype_named, precision_name, probe_cpu_precision, resolve_precision
@@ -73,22 +69,13 @@ from training.settings import TrainSettings
 from training.threads import default_threads
 from training.training_state import (
     CHECKPOINTS_DIR,
-    STATE_FILE,
     atomic_directory,
     clean_stale_temporaries,
-    latest_checkpoint,
-    list_checkpoints,
-    load_checkpoint,
-    save_checkpoint,
+    latest_training_state,
+    list_training_states,
+    load_training_state,
+    save_training_state,
 )
-
-__all__ = [  # the loop, and the pieces it is made of (callers and tests import them from here)
-    "CHECKPOINTS_DIR", "FINAL_MODEL_DIR", "METRICS_FILE", "SETTINGS_FILE", "STATE_FILE", "Plan", "TrainResult",
-    "TrainSettings", "atomic_directory", "build_optimizer", "capture_rng_state", "clean_stale_temporaries",
-    "dataset_lengths", "epoch_batches", "epoch_permutation", "latest_checkpoint", "length_grouped_permutation",
-    "linear_schedule", "list_checkpoints", "load_checkpoint", "parameter_groups", "preserved_rng",
-    "restore_rng_state", "save_checkpoint", "train",
-]
 
 log = logging.getLogger(__name__)
 
@@ -242,17 +229,17 @@ class _Run:
         if ctx.is_main:
             clean_stale_temporaries(checkpoints)
         if s.resume == "never":
-            if ctx.is_main and list_checkpoints(self.output_dir):
+            if ctx.is_main and list_training_states(self.output_dir):
                 log.info("resume=never: removing the earlier run's checkpoints in %s", checkpoints)
-                for old in list_checkpoints(self.output_dir):
+                for old in list_training_states(self.output_dir):
                     shutil.rmtree(old)
             barrier(ctx)
             return None
-        folder = latest_checkpoint(self.output_dir) if s.resume == "auto" else Path(s.resume)
+        folder = latest_training_state(self.output_dir) if s.resume == "auto" else Path(s.resume)
         barrier(ctx)
         if folder is None:
             return None
-        state = load_checkpoint(folder)
+        state = load_training_state(folder)
         saved = {"group_by_length": False, "length_group_batches": None, **state["geometry"]}  # older checkpoints
         here = self._geometry()
         if saved != here:
@@ -533,7 +520,7 @@ class _Run:
                 "geometry": self._geometry(),
                 "callbacks": {c.name: c.state_dict() for c in self.callbacks},
             }
-            save_checkpoint(folder, state)
+            save_training_state(folder, state)
             for callback in self.callbacks:
                 callback.on_state_saved(self.step)
             self._prune_checkpoints()
@@ -543,7 +530,7 @@ class _Run:
     def _prune_checkpoints(self) -> None:
         keep = self.settings.keep_last_states
         if keep:
-            for old in list_checkpoints(self.output_dir)[:-keep]:
+            for old in list_training_states(self.output_dir)[:-keep]:
                 shutil.rmtree(old, ignore_errors=True)
 
     def _save_final_model(self) -> None:

@@ -73,8 +73,8 @@ def clean_stale_temporaries(folder: Path) -> None:
                 shutil.rmtree(child, ignore_errors=True)
 
 
-def list_checkpoints(output_dir: Path) -> list[Path]:
-    """Complete checkpoints in output_dir, oldest first."""
+def list_training_states(output_dir: Path) -> list[Path]:
+    """The complete training states in output_dir (its checkpoints/step-N folders), oldest first."""
     folder = Path(output_dir) / CHECKPOINTS_DIR
     if not folder.is_dir():
         return []
@@ -83,18 +83,18 @@ def list_checkpoints(output_dir: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def latest_checkpoint(output_dir: Path) -> Path | None:
-    found = list_checkpoints(output_dir)
+def latest_training_state(output_dir: Path) -> Path | None:
+    found = list_training_states(output_dir)
     return found[-1] if found else None
 
 
-def save_checkpoint(folder: Path, state: dict[str, Any]) -> Path:
+def save_training_state(folder: Path, state: dict[str, Any]) -> Path:
     """Write `state` (tensors, containers and plain values only) atomically to folder/trainer_state.pt."""
     with atomic_directory(folder) as tmp:
         torch.save(state, tmp / STATE_FILE)
     return folder
 
 
-def load_checkpoint(folder: Path) -> dict[str, Any]:
+def load_training_state(folder: Path) -> dict[str, Any]:
     """Read a training state with weights_only=True: no arbitrary objects are unpickled."""
     return torch.load(Path(folder) / STATE_FILE, map_location="cpu", weights_only=True)

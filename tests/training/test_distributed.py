@@ -15,14 +15,10 @@ from torch.utils.data.distributed import DistributedSampler
 
 from tests.training.tiny_training import LabelledTokens, collate_labelled, state_hash, tiny_classifier
 from training.distributed import resolve_device, setup_distributed, shard
-from training.trainer import (
-    METRICS_FILE,
-    SETTINGS_FILE,
-    TrainSettings,
-    list_checkpoints,
-    load_checkpoint,
-    train,
-)
+from training.metrics_log import METRICS_FILE
+from training.settings import TrainSettings
+from training.trainer import SETTINGS_FILE, train
+from training.training_state import list_training_states, load_training_state
 
 REPO = Path(__file__).resolve().parents[2]
 # Per rank: 24 of the 48 examples, micro-batches of 4, 2 per step: 3 steps per epoch, 6 in all.
@@ -75,7 +71,7 @@ def test_two_process_ddp_run_on_cpu(tmp_path, group_by_length):
     # One writer: one set of checkpoints, no leftovers, the last one holding those weights.
     checkpoints = sorted(p.name for p in (out / "checkpoints").iterdir())
     assert checkpoints == ["step-00000002", "step-00000004", "step-00000006"]
-    final = load_checkpoint(list_checkpoints(out)[-1])
+    final = load_training_state(list_training_states(out)[-1])
     assert len(final["rng"]) == 2  # every rank's random state, for an exact resume
     model = tiny_classifier()
     model.load_state_dict(final["model"])
@@ -91,6 +87,6 @@ def test_two_process_ddp_run_on_cpu(tmp_path, group_by_length):
           TrainSettings(output_dir=tmp_path / "single", progress_bar=False, **single))
     expected = [json.loads(line) for line in (tmp_path / "single" / METRICS_FILE).read_text().splitlines()]
     assert [r["loss"] for r in records] == pytest.approx([r["loss"] for r in expected], abs=1e-5)
-    single_final = load_checkpoint(list_checkpoints(tmp_path / "single")[-1])["model"]
+    single_final = load_training_state(list_training_states(tmp_path / "single")[-1])["model"]
     for name, tensor in single_final.items():
         torch.testing.assert_close(final["model"][name], tensor, rtol=0, atol=1e-5, msg=name)

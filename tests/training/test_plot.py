@@ -12,8 +12,10 @@ import torch
 from berth.cli import SUBCOMMAND_MODULES
 from berth.commands import plot as plot_cli
 from tests.training.tiny_training import MaskedTokens, collate, tiny_pretraining_model
+from training.metrics_log import METRICS_FILE
 from training.plot import plot_metrics, read_metrics
-from training.trainer import METRICS_FILE, TrainSettings, train
+from training.settings import TrainSettings
+from training.trainer import train
 
 
 def png_size(path) -> tuple[int, int]:

@@ -26,7 +26,8 @@ from training.finetune import FinetuneSettings, run_finetune
 from training.model import BertForSequenceClassification
 from training.precision import precision_name, probe_cpu_precision, resolve_precision
 from training.settings import TrainSettings
-from training.trainer import latest_checkpoint, load_checkpoint, train
+from training.trainer import train
+from training.training_state import latest_training_state, load_training_state
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLES = REPO / "data" / "samples"
@@ -64,11 +65,11 @@ def test_auto_follows_the_cpu_flags_then_a_measurement_and_the_run_records_it(tm
         assert record["precision_probe"] is None
         expected = "fp32"
     assert result.precision == record["precision"] == expected
-    assert load_checkpoint(latest_checkpoint(tmp_path))["precision"] == expected
+    assert load_training_state(latest_training_state(tmp_path))["precision"] == expected
 
     # A resumed run keeps what the run chose instead of measuring again (a different choice would not be exact):
     # drop the last checkpoint (as a kill before it would) and run again from the one before.
-    shutil.rmtree(latest_checkpoint(tmp_path))
+    shutil.rmtree(latest_training_state(tmp_path))
     resumed = train(tiny_pretraining_model(), MaskedTokens(size=8), collate, settings)
     assert resumed.precision == expected and resumed.steps == 4
     assert json.loads((tmp_path / "train_settings.json").read_text())["precision_probe"] is None
@@ -142,7 +143,7 @@ def test_forced_bf16_trains_the_real_checkpoint_with_fp32_master_weights(tmp_pat
     assert result.precision == "bf16" and result.steps == 4
     assert _mean_loss(model, batches) < 0.8 * before  # it learned (in fp32, the trained weights score better)
     assert all(p.dtype == torch.float32 for p in model.parameters())
-    state = load_checkpoint(latest_checkpoint(tmp_path / "state"))
+    state = load_training_state(latest_training_state(tmp_path / "state"))
     assert state["precision"] == "bf16"
     assert all(t.dtype == torch.float32 for t in state["model"].values() if t.is_floating_point())
     moments = [v for s in state["optimizer"]["state"].values() for k, v in s.items()
@@ -171,7 +172,7 @@ def test_a_bf16_run_tracks_the_fp32_run_within_bf16_precision(tmp_path):
     """The same seeded run in bf16 and fp32: the first step's loss (no update yet) agrees to bf16's precision
     and training still lowers it; runs on every CPU (emulated bf16 where the CPU has none)."""
     from tests.training.tiny_training import LabelledTokens, collate_labelled, tiny_classifier
-    from training.trainer import METRICS_FILE
+    from training.metrics_log import METRICS_FILE
 
     losses = {}
     for precision in ("fp32", "bf16"):

@@ -23,23 +23,19 @@ from tests.training.tiny_training import (
     tiny_classifier,
     tiny_pretraining_model,
 )
-from training.trainer import (
+from training.data_order import epoch_batches, length_grouped_permutation
+from training.metrics_log import METRICS_FILE
+from training.optimizer import linear_schedule, parameter_groups
+from training.settings import TrainSettings
+from training.trainer import FINAL_MODEL_DIR, Plan, train
+from training.training_state import (
     CHECKPOINTS_DIR,
-    FINAL_MODEL_DIR,
-    METRICS_FILE,
-    Plan,
-    TrainSettings,
     atomic_directory,
     clean_stale_temporaries,
-    epoch_batches,
-    latest_checkpoint,
-    length_grouped_permutation,
-    linear_schedule,
-    list_checkpoints,
-    load_checkpoint,
-    parameter_groups,
-    save_checkpoint,
-    train,
+    latest_training_state,
+    list_training_states,
+    load_training_state,
+    save_training_state,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -66,7 +62,7 @@ def train_records(out: Path) -> list[dict]:
 
 
 def final_weights(out: Path) -> dict[str, torch.Tensor]:
-    return load_checkpoint(latest_checkpoint(out))["model"]
+    return load_training_state(latest_training_state(out))["model"]
 
 
 @pytest.mark.parametrize("group_by_length", [False, True], ids=["random-order", "length-grouped"])
@@ -92,7 +88,7 @@ def test_resume_after_kill_is_exact(tmp_path, group_by_length):
     finally:
         process.kill()
         process.wait()
-    assert [p.name for p in list_checkpoints(out)] == ["step-00000004", "step-00000008"]
+    assert [p.name for p in list_training_states(out)] == ["step-00000004", "step-00000008"]
     assert max(r["step"] for r in train_records(out)) == 10
 
     dataset = MaskedTokens()
@@ -136,8 +132,8 @@ def test_metrics_log_and_checkpoint_contents(tmp_path):
     assert result.final_loss == train_lines[-1]["loss"] and result.final_eval == {"dev_score": 0.5}
     assert result.steps == 5 and result.effective_batch_size == 4 and result.tokens_per_s > 0
     assert result.last_checkpoint == tmp_path / CHECKPOINTS_DIR / "step-00000005"
-    assert list_checkpoints(tmp_path) == [result.last_checkpoint]  # keep_last_states=1
-    state = load_checkpoint(result.last_checkpoint)
+    assert list_training_states(tmp_path) == [result.last_checkpoint]  # keep_last_states=1
+    state = load_training_state(result.last_checkpoint)
     assert state["step"] == 5 and set(state) >= {"model", "optimizer", "scheduler", "scaler", "rng"}
     assert torch.load(tmp_path / FINAL_MODEL_DIR / "weights.pt", weights_only=True).keys() == state["model"].keys()
     assert json.loads((tmp_path / "train_settings.json").read_text())["plan"]["total_steps"] == 5
@@ -152,7 +148,7 @@ def test_metrics_log_and_checkpoint_contents(tmp_path):
     # resume="never" starts over, removing the old checkpoints.
     fresh = train(tiny_pretraining_model(), MaskedTokens(), collate,
                   settings.model_copy(update={"resume": "never", "max_steps": 2, "save_every_steps": None}))
-    assert fresh.steps == 2 and [p.name for p in list_checkpoints(tmp_path)] == ["step-00000002"]
+    assert fresh.steps == 2 and [p.name for p in list_training_states(tmp_path)] == ["step-00000002"]
 
 
 def test_time_budget_stops_with_a_checkpoint(tmp_path):
@@ -160,7 +156,7 @@ def test_time_budget_stops_with_a_checkpoint(tmp_path):
                              max_minutes=1e-6, log_every_steps=10)
     result = train(tiny_pretraining_model(), MaskedTokens(), collate, settings)
     assert result.stopped_by == "max_minutes" and result.steps == 1
-    assert latest_checkpoint(tmp_path).name == "step-00000001"
+    assert latest_training_state(tmp_path).name == "step-00000001"
     assert [r["step"] for r in train_records(tmp_path)] == [1]
 
 
@@ -187,7 +183,7 @@ def test_a_fitted_budget_keeps_the_schedule_whole(tmp_path):
     assert records[-1]["step"] == result.steps
     assert max(r["learning_rate"] for r in records) > 0.8e-3
     assert records[-1]["learning_rate"] < 0.15e-3
-    state = load_checkpoint(result.last_checkpoint)
+    state = load_training_state(result.last_checkpoint)
     assert (state["total_steps"], state["warmup_steps"]) == (result.steps, math.ceil(0.1 * result.steps))
 
 
@@ -303,27 +299,27 @@ def test_checkpoint_write_is_atomic(tmp_path):
 
     # An object torch.save cannot write: nothing partial is left either.
     with pytest.raises(Exception):  # noqa: B017 - whatever pickle raises
-        save_checkpoint(folder, {"step": 3, "bad": lambda: None})
+        save_training_state(folder, {"step": 3, "bad": lambda: None})
     assert list(folder.parent.iterdir()) == []
 
-    save_checkpoint(folder, {"step": 3, "weights": torch.ones(2)})
-    save_checkpoint(folder, {"step": 3, "weights": torch.zeros(2)})  # replacing keeps one complete folder
-    assert load_checkpoint(folder)["weights"].tolist() == [0.0, 0.0]
+    save_training_state(folder, {"step": 3, "weights": torch.ones(2)})
+    save_training_state(folder, {"step": 3, "weights": torch.zeros(2)})  # replacing keeps one complete folder
+    assert load_training_state(folder)["weights"].tolist() == [0.0, 0.0]
     assert [p.name for p in folder.parent.iterdir()] == ["step-00000003"]
 
     # What a kill mid-write leaves behind is ignored, then cleaned.
     stale = folder.parent / f".tmp-step-00000009-{os.getpid() + 1}"
     stale.mkdir()
     (folder.parent / "step-00000011").mkdir()  # no state file: not a checkpoint
-    assert latest_checkpoint(tmp_path) == folder
+    assert latest_training_state(tmp_path) == folder
     clean_stale_temporaries(folder.parent)
     assert not stale.exists()
 
 
 def test_checkpoints_load_without_unpickling_objects(tmp_path):
-    folder = save_checkpoint(tmp_path / "c", {"path": Path("/x")})  # a Path is an arbitrary object
+    folder = save_training_state(tmp_path / "c", {"path": Path("/x")})  # a Path is an arbitrary object
     with pytest.raises(Exception, match="[Ww]eights only"):
-        load_checkpoint(folder)
+        load_training_state(folder)
 
 
 def test_the_loop_is_the_textbook_loop(tmp_path):

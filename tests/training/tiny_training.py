@@ -153,7 +153,8 @@ def save_tiny_bert_folder(folder: Path, max_position_embeddings: int = 512) -> P
     return folder
 
 def main() -> None:
-    from training.trainer import TrainSettings, train
+    from training.settings import TrainSettings
+    from training.trainer import train
 
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
