@@ -3,7 +3,7 @@
 
 The task definition turns one input into model items (`prepare`) and the items' outputs into
 results (`decode`), the same steps `berth evaluate` and the parity gate run, and refuses what it cannot take
-(`check_options`, `check_input`, `check_prepared`: `Refusal`s that carry their HTTP status). An adapter adds
+(`check_options`, `check_input`, `check_prepared`: `Refusal`s, `TooLarge` for more than it takes). An adapter adds
 only what is HTTP: the limits a setting caps, where in the request an input is, the mapping of the task's
 refusals to 413 / 422 naming the input, and the response's shape. Every route's adapter is built from its
 task's endpoint (`HANDLERS`, by path).
@@ -23,7 +23,7 @@ from service.errors import ErrorType, ServiceError
 from service.models import ServedModel
 from service.requests import request_model
 from service.schemas import EmbeddingsRequest
-from tasks.common import InputFailed, InputTooLong, Refusal
+from tasks.common import InputFailed, InputTooLong, Refusal, TooLarge
 from tasks.definition import Endpoint, ItemOutputs, Prepared, TaskDefinition
 from tasks.embedding import cosine
 from tasks.registry import DEFINITIONS, definition
@@ -34,8 +34,9 @@ Outputs = list[ItemOutputs]  # one dict of output rows per model item
 
 
 def service_error(refused: Refusal, message: str | None = None) -> ServiceError:
-    """The HTTP error of a task's refusal: its own status (413 too large, else 422) and message."""
-    kind = ErrorType.TOO_LARGE if refused.http_status == 413 else ErrorType.VALIDATION
+    """The HTTP error of a task's refusal, with its message: 413 for more than the task takes (`TooLarge`), else
+    422."""
+    kind = ErrorType.TOO_LARGE if isinstance(refused, TooLarge) else ErrorType.VALIDATION
     return ServiceError(kind, str(refused) if message is None else message)
 
 

@@ -4,7 +4,6 @@ numerics over logits. It imports no task module, so any of them (and the service
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import ClassVar
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -19,20 +18,16 @@ OFFSETS_NOTE = ("Offsets are Python str indices (code points) into the caller's 
 
 
 class Refusal(ValueError):
-    """An input or an option the task refuses, whose message names it; `http_status` is what a web service
-    answers it with (422: not what the task takes; 413: more than it takes)."""
-
-    http_status: ClassVar[int] = 422
+    """An input or an option the task refuses, whose message names it: not what the task takes. A web service
+    chooses how to answer each kind (the service: service/handlers.py, `service_error`)."""
 
 
 class TooLarge(Refusal):
     """More than the task or a limit takes (tokens, choices, masks)."""
 
-    http_status: ClassVar[int] = 413
-
 
 class InputTooLong(TooLarge):
-    """An input has more tokens than the model takes and truncation was not allowed (HTTP 413)."""
+    """An input has more tokens than the model takes and truncation was not allowed."""
 
     def __init__(self, num_tokens: int, max_length: int):
         self.num_tokens = num_tokens

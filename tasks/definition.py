@@ -16,8 +16,8 @@ them: adding a task is one module here plus its head in `training/model.py`.
 
 How a task is served over HTTP is data here too (`Endpoint`: paths, request and response shapes, the inputs'
 fields) and hooks that refuse what the task cannot take (`check_options`, `check_input`, `check_prepared`,
-raising `tasks.common.Refusal`s that carry their HTTP status): the service builds its routes, request models
-and adapters from them, so no task's name means anything outside the task layer.
+raising `tasks.common.Refusal`s, or `TooLarge` for more than the task takes): the service builds its routes,
+request models and adapters from them, so no task's name means anything outside the task layer.
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ class RerankOptions(BaseModel):
 
 
 class QueryTooLong(InputTooLong):
-    """A query so long that no document token fits beside it in one sequence (HTTP 413)."""
+    """A query so long that no document token fits beside it in one sequence (more than the task takes)."""
 
     def __init__(self, num_tokens: int, max_length: int):
         self.num_tokens = num_tokens

@@ -1,6 +1,6 @@
 """The task routes are built from the task definitions' endpoints: one route per declared path, with the declared
 response model and a request model of the declared name made of the endpoint's options, `model` and inputs; a
-task's refusal is answered with the status it carries."""
+task's refusal is answered with 413 when it is more than the task takes (`TooLarge`), else 422."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from service.requests import request_model
 from service.routes import v1, v2
 from service.schemas import RESPONSES
 from tasks.common import InputTooLong, Refusal
+from tasks.fill_mask import NoMask
 from tasks.registry import DEFINITIONS, definition
 
 ROUTES = {route.path: route for router in (v1, v2) for route in router.routes if isinstance(route, APIRoute)}
@@ -65,6 +66,7 @@ def test_a_ranking_request_gives_the_task_its_documents_as_texts():
 def test_a_refusal_is_the_http_error_its_status_says():
     assert service_error(Refusal("x: no")).error_type is ErrorType.VALIDATION
     assert service_error(InputTooLong(9, 8)).error_type is ErrorType.TOO_LARGE
+    assert service_error(NoMask("no [MASK]")).error_type is ErrorType.VALIDATION
     with pytest.raises(ServiceError) as raised, refusals_as_http():
         definition("multiple-choice").check_input(None, SimpleNamespace(context="c", choices=["a"] * 65), None, 0)
     assert raised.value.error_type is ErrorType.TOO_LARGE and "choices: 65 given" in raised.value.message
