@@ -165,6 +165,7 @@ def build_defaults(out: Path, work: Path, data_dir: Path | None = None, only: li
         wall, cpu = (time.time() - started) / 60, (_cpu_seconds() - cpu_started) / 60
         say(f"{tag}: done in {wall:.1f} min (CPU {cpu:.1f} min) -> {bundle} ({eta.remaining_text()})")
         record["models"].append(_model_record(recipe, model_folder, bundle, metrics, quality, wall, cpu))
+        say(f"{tag}: trained on {record['models'][-1]['sizing']['why']}")
         # Rewritten after each model, so an interrupted build keeps the record of what it finished.
         record.update(total_minutes=round((time.time() - built_at) / 60, 2), load_average_end=_load_average())
         (work / RECORD_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
@@ -209,8 +210,37 @@ def _model_record(recipe: Recipe, model_folder: Path, bundle: Path, metrics: dic
     run = json.loads((model_folder / "finetune_run.json").read_text())
     return {"name": recipe.name, "task": recipe.task, "train": recipe.train, "dev": recipe.dev,
             "options": recipe.options, "train_examples": run["train_examples"], "dev_examples": run["dev_examples"],
-            "dev_metrics": metrics, "quality": quality, "precision": load_bundle(bundle).precision,
-            "wall_minutes": round(wall, 2), "cpu_minutes": round(cpu, 2), "expected_minutes": recipe.minutes}
+            "sizing": training_sizing(run), "dev_metrics": metrics, "quality": quality,
+            "precision": load_bundle(bundle).precision, "wall_minutes": round(wall, 2), "cpu_minutes": round(cpu, 2),
+            "expected_minutes": recipe.minutes}
+
+
+def training_sizing(run: dict) -> dict:
+    """How much of its data a run trained on, and why: the measured speed against the time budget
+    (`max_minutes`), or the whole plan (every example, every epoch) when it fitted. From finetune_run.json."""
+    settings, result, schedule = run["settings"], run["train_result"], run["schedule"]
+    shipped, epochs = run["train_examples"], float(result["epochs"])
+    budget = settings.get("max_minutes")
+    speed = run["speed"]["examples_per_s"]
+    passes = round(epochs * shipped)
+    record = {"budget_minutes": budget, "train_minutes": run["train_minutes"], "examples_per_s": round(speed, 2),
+              "precision": run["precision"], "threads": run["speed"]["threads"], "shipped_examples": shipped,
+              "epochs": round(epochs, 3), "examples_seen": passes, "distinct_examples": min(shipped, passes)}
+    planned, least = schedule["planned_steps"], settings.get("min_steps") or 0
+    if least and schedule["steps"] == least < planned and run["train_minutes"] > budget:
+        record["why"] = (f"the minimum of {least} steps ({passes:,} examples, {epochs:.2f} epochs of {shipped:,}): "
+                         f"at {speed:.1f} examples/s ({run['precision']}, {run['speed']['threads']} threads) the "
+                         f"{budget:g}-minute budget fits fewer, so it trained {run['train_minutes']:g} min")
+    elif schedule["fitted_to_budget"] or schedule["stopped_by"] == "max_minutes":
+        record["why"] = (f"the {budget:g}-minute budget at {speed:.1f} examples/s ({run['precision']}, "
+                         f"{run['speed']['threads']} threads) fits {schedule['steps']} of the {planned} planned steps: "
+                         f"{passes:,} examples seen, {epochs:.2f} epochs of {shipped:,}")
+    else:
+        within = f" within the {budget:g}-minute budget" if budget else ""
+        record["why"] = (f"every example, {epochs:g} epoch(s) of {shipped:,}, trained in {run['train_minutes']:g} "
+                         f"min{within} at {speed:.1f} examples/s ({run['precision']}, "
+                         f"{run['speed']['threads']} threads)")
+    return record
 
 
 def _load_average() -> list[float]:
@@ -219,12 +249,21 @@ def _load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def _cpu_model() -> str:
+MATRIX_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
+
+
+def _cpuinfo(key: str) -> str:
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
         return ""
-    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
+    return next((line.split(":", 1)[1].strip() for line in lines if line.split(":", 1)[0].strip() == key), "")
+
+
+def _cpu_flags() -> list[str]:
+    """The CPU's vector and matrix extensions that decide training and int8 speed (what it has of MATRIX_FLAGS)."""
+    flags = set(_cpuinfo("flags").split())
+    return [flag for flag in MATRIX_FLAGS if flag in flags]
 
 
 def _machine() -> dict:
@@ -236,7 +275,8 @@ def _machine() -> dict:
     from training.provenance import git_revision
 
     return {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "processor": _cpu_model() or platform.processor(), "load_average_start": _load_average(),
+            "processor": _cpuinfo("model name") or platform.processor(), "cpu_flags": _cpu_flags(),
+            "load_average_start": _load_average(),
             "git_revision": git_revision(), "torch": torch.__version__}
 
 

@@ -13,7 +13,8 @@ import argparse
 import json
 from pathlib import Path
 
-ROUTES = {"qa": "/v1/qa", "ner": "/v1/ner", "pair": "/v1/pair", "classification": "/v1/classify"}
+ROUTES = {"qa": "/v1/qa", "ner": "/v1/ner", "pair": "/v1/pair", "classification": "/v1/classify",
+          "rerank": "/v1/rerank"}
 
 
 def _number(value: float | None, scale_of: float | None) -> str:
@@ -21,6 +22,16 @@ def _number(value: float | None, scale_of: float | None) -> str:
     if value is None:
         return "—"
     return f"{value:.1f}" if (scale_of or 0) > 1 else f"{value:.3f}"
+
+
+def _trained_on(model: dict) -> str:
+    """Examples × epochs: from the sizing record (a minute budget), else from the recipe's fixed options."""
+    sizing = model.get("sizing")
+    if not sizing:
+        return f"{model['train_examples']:,} × {model['options'].get('epochs', 1):g}"
+    return (f"{sizing['distinct_examples']:,} of {sizing['shipped_examples']:,} × {sizing['epochs']:.2f} "
+            f"({sizing['train_minutes']:g} of {sizing['budget_minutes']:g} min, {sizing['precision']}, "
+            f"{sizing['threads']} threads)")
 
 
 def model_table(record: dict) -> str:
@@ -31,13 +42,14 @@ def model_table(record: dict) -> str:
         metric = quality.get("metric", "")
         status = " **(below floor)**" if quality.get("below_floor") else ""
         rows.append(
-            f"| `{model['name']}` | `{ROUTES[model['task']]}` | `{model['train']}` ({model['train_examples']:,} × "
-            f"{model['options'].get('epochs', 1):g}) | {metric} on `{model['dev']}` ({model['dev_examples']:,}) | "
+            f"| `{model['name']}` | `{ROUTES[model['task']]}` | `{model['train']}` ({_trained_on(model)}) | "
+            f"{metric} on `{model['dev']}` ({model['dev_examples']:,}) | "
             f"**{_number(quality.get('value'), quality.get('floor'))}**{status} | "
             f"{_number(quality.get('floor'), quality.get('floor'))} | "
             f"{quality.get('rounds', 1)} | {model['precision']} | "
             f"{model['wall_minutes']:.1f} / {model['cpu_minutes']:.1f} |")
-    return "\n".join(rows)
+    whys = [f"- `{m['name']}`: {m['sizing']['why']}." for m in record["models"] if m.get("sizing")]
+    return "\n".join(rows + ([""] + whys if whys else []))
 
 
 def demo_table(demo: dict) -> str:
@@ -65,7 +77,8 @@ def main() -> None:
         machine = record["machine"]
         print(f"- `{path}`: build of {record['started_at']} (git {machine['git_revision']}), "
               f"{', '.join(m['name'] for m in record['models'])}, precision {record['precision']}, "
-              f"{machine['cpus']} CPUs ({machine['processor']}), torch {machine['torch']} with "
+              f"{machine['cpus']} CPUs ({machine['processor']}; flags "
+              f"{', '.join(machine.get('cpu_flags', [])) or 'not recorded'}), torch {machine['torch']} with "
               f"{machine['torch_threads']} threads: {record['total_minutes']:.1f} min wall. Load average "
               f"{machine['load_average_start'][0]:g} at the start, {record['load_average_end'][0]:g} at the end "
               f"(an idle 2-core machine shows about 2).")
@@ -75,8 +88,12 @@ def main() -> None:
           f"(the recipes' own expectation: {sum(m['expected_minutes'] for m in models):g} min).\n")
     print(model_table({"models": models}))
     if args.demo:
+        demo = json.loads(args.demo.read_text(encoding="utf-8"))
         print("\n## Demo check (hand-written items, never trained on)\n")
-        print(demo_table(json.loads(args.demo.read_text(encoding="utf-8"))))
+        print(demo_table(demo))
+        if "heldout" in demo:
+            print("\n### Held-out set (written once, never trained or tuned on; reported, not gated)\n")
+            print(demo_table(demo["heldout"]))
 
 
 if __name__ == "__main__":

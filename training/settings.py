@@ -46,6 +46,9 @@ class TrainLoopSettings(BaseModel):
                                       "resumes; data preparation and evaluation are not counted")
     fit_schedule_to_budget: bool = Field(False, description="with max_minutes: measure the step speed and shorten "
                                          "the plan so that warmup + decay end at the budget (else: cut mid-schedule)")
+    min_steps: int | None = Field(None, gt=0, description="with max_minutes: train at least this many optimizer "
+                                  "steps (at most the plan) even when the budget is spent first: a slow or busy "
+                                  "machine then takes longer rather than training less")
     batch_size: int = Field(32, gt=0, description="examples per micro-batch per device")
     grad_accum_steps: int = Field(1, gt=0, description="micro-batches per optimizer step")
     learning_rate: float = Field(5e-5, gt=0, description="peak AdamW learning rate, after warmup; decays "

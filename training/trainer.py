@@ -351,6 +351,7 @@ class _Run:
             if self._fitting():
                 self._fit_plan_to_budget()
             out_of_time = (s.max_minutes is not None and self.step < self.plan.total_steps
+                           and self.step >= (s.min_steps or 0)
                            and any_rank(self.ctx, self._elapsed() > self._hard_limit_s()))
             if self._due(s.log_every_steps) or self.step == self.plan.total_steps or out_of_time:
                 self._log(window)
@@ -425,9 +426,9 @@ class _Run:
         steps, seconds = self.step - self.fit_from_step, now - self.fit_from_time
         if steps <= 0 or seconds <= 0:
             return
-        remaining_s = self.settings.max_minutes * 60 - self._elapsed()
-        total = self.step + max(0, math.floor(remaining_s * steps / seconds))  # this step when the budget is spent
-        total = broadcast_object(self.ctx, min(self.planned_steps, total))
+        total = steps_within_budget(self.step, steps / seconds, self.settings.max_minutes * 60 - now,
+                                    self.planned_steps, self.settings.min_steps or 0)
+        total = broadcast_object(self.ctx, total)
         s = self.settings
         warmup = s.warmup_steps if s.warmup_steps is not None else math.ceil(s.warmup_ratio * total)
         if total != self.plan.total_steps:
@@ -586,3 +587,13 @@ class _Run:
             metrics_path=self.output_dir / METRICS_FILE, final_eval=self.final_eval, precision=self.precision,
             evaluations=self.evaluations, eval_seconds=round(self.eval_seconds, 3),
         )
+
+
+def steps_within_budget(step: int, steps_per_s: float, remaining_s: float, planned_steps: int,
+                        min_steps: int = 0) -> int:
+    """The run's total steps when `remaining_s` of budget is left at `step`, at the measured speed: the
+    steps that fit, never more than the plan (epochs / max_steps) asked, never fewer than already done nor than
+    `min_steps`. This is what sizes a time-budgeted run's data: a fast machine trains on more examples, up to
+    all epochs; a slow or busy one on the minimum, later."""
+    fitting = step + max(0, math.floor(remaining_s * steps_per_s))
+    return min(planned_steps, max(fitting, min_steps))

@@ -56,9 +56,9 @@ GROUPS = {
              "label_column", "labels", "regression", "max_train_examples", "max_eval_examples"],
     "model": ["base", "pooling", "max_seq_length", "doc_stride", "max_query_length", "version_2_with_negative",
               "label_all_tokens", "feature_based", "lstm_hidden_size", "lstm_layers", "negatives", "ranking_loss"],
-    "training": ["epochs", "max_steps", "max_minutes", "fit_schedule_to_budget", "learning_rate", "batch_size",
-                 "grad_accum_steps", "warmup_ratio", "warmup_steps", "weight_decay", "seed", "group_by_length",
-                 "num_threads", "device", "precision"],
+    "training": ["epochs", "max_steps", "max_minutes", "fit_schedule_to_budget", "min_steps", "learning_rate",
+                 "batch_size", "grad_accum_steps", "warmup_ratio", "warmup_steps", "weight_decay", "seed",
+                 "group_by_length", "num_threads", "device", "precision"],
     "evaluation while training": ["eval_every_steps", "metric_for_best", "early_stopping_patience",
                                   "eval_sample_size", "report_to"],
 }

@@ -348,3 +348,12 @@ def test_the_loop_is_the_textbook_loop(tmp_path):
             optimizer.zero_grad()
             losses.append(loss.item())
     assert [r["loss"] for r in train_records(tmp_path)] == pytest.approx(losses, abs=1e-5)
+
+
+@pytest.mark.parametrize("fit", [False, True])
+def test_a_spent_budget_still_trains_the_minimum_steps(tmp_path, fit):
+    settings = TrainSettings(output_dir=tmp_path, progress_bar=False, max_steps=50, batch_size=4, max_minutes=1e-6,
+                             fit_schedule_to_budget=fit, min_steps=3, log_every_steps=1)
+    result = train(tiny_pretraining_model(), MaskedTokens(), collate, settings)
+    assert result.steps == 3  # the budget was spent after the first step
+    assert result.stopped_by == ("steps" if fit else "max_minutes")
