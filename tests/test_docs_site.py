@@ -102,3 +102,32 @@ def test_the_site_and_the_readme_name_no_workplace_path():
              for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1)
              if WORKPLACE_PATH.search(line)]
     assert not named, named
+
+
+SOURCE_PATH = re.compile(
+    r"(?<![\w/.:-])((?:tasks|service|training|export|berth|predict|bench|scripts|tests)/[\w/.-]*\.py)\b")
+TEST_FILE_NAME = re.compile(r"(?<![\w/.:-])(test_\w+\.py)\b")
+
+
+def written_in_backticks(text: str) -> list[str]:
+    """The text of a page's fenced code blocks and inline code spans."""
+    pieces = text.split("```")
+    fenced = pieces[1::2]
+    inline = [span for prose in pieces[0::2] for span in re.findall(r"`([^`\n]+)`", prose)]
+    return fenced + inline
+
+
+def test_the_source_files_the_pages_name_exist():
+    """A module or test that moves or is renamed takes its mentions with it: every source path written in
+    backticks in README.md or a docs page (`service/batcher.py`, `python bench/engine.py`) names a file of the
+    repository, and every test file named on its own (`test_routes.py`) is one of tests/."""
+    test_files = {path.name for path in (REPO / "tests").rglob("test_*.py")}
+    pages = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    missing = []
+    for page in pages:
+        for code in written_in_backticks(page.read_text(encoding="utf-8")):
+            missing += [f"{page.relative_to(REPO)}: {path}" for path in SOURCE_PATH.findall(code)
+                        if not (REPO / path).is_file()]
+            missing += [f"{page.relative_to(REPO)}: {name}" for name in TEST_FILE_NAME.findall(code)
+                        if name not in test_files]
+    assert not missing, missing
