@@ -3,9 +3,10 @@
 
 The task definition turns one input into model items (`prepare`) and the items' outputs into
 results (`decode`), the same steps `berth evaluate` and the parity gate run, and refuses what it cannot take
-(`check_options`, `check_input`, `check_prepared`: `Refusal`s, `TooLarge` for more than it takes). An adapter adds
-only what is HTTP: the limits a setting caps, where in the request an input is, the mapping of the task's
-refusals to 413 / 422 naming the input, and the response's shape. Every route's adapter is built from its
+(`check_options`, `check_input`, `check_prepared`: `Refusal`s, `TooLarge` for more than it takes, each naming the
+option, input or field). An adapter adds only what is HTTP: the limits a setting caps (handed to the task as
+numbers), where in the request an input is, the mapping of the task's refusals to 413 / 422 naming their place in
+the request, and the response's shape. Every route's adapter is built from its
 task's endpoint (`HANDLERS`, by path).
 """
 
@@ -24,7 +25,7 @@ from service.models import ServedModel
 from service.requests import request_model
 from service.schemas import EmbeddingsRequest
 from tasks.common import InputFailed, InputTooLong, Refusal, TooLarge
-from tasks.definition import Endpoint, ItemOutputs, Prepared, TaskDefinition
+from tasks.definition import Endpoint, ItemOutputs, Prepared, ServingLimits, TaskDefinition
 from tasks.embedding import cosine
 from tasks.registry import DEFINITIONS, definition
 from tasks.runtime.inference import Keep
@@ -33,11 +34,28 @@ from tasks.runtime.tokenizer import truncation
 Outputs = list[ItemOutputs]  # one dict of output rows per model item
 
 
+def request_path(refused: Refusal) -> str | None:
+    """Where a task's refusal is in an "inputs" request: an option or the inputs as a whole by name (`layers`,
+    `inputs`), input i as `inputs[i]`, a field of it as `inputs[i].choices`; None where the refusal names no place."""
+    if refused.index is None:
+        return refused.field
+    return f"inputs[{refused.index}]" + ("" if refused.field is None else f".{refused.field}")
+
+
 def service_error(refused: Refusal, message: str | None = None) -> ServiceError:
-    """The HTTP error of a task's refusal, with its message: 413 for more than the task takes (`TooLarge`), else
-    422."""
+    """The HTTP error of a task's refusal: 413 for more than the task takes (`TooLarge`), else 422; its message
+    the refusal's place in the request and reason, unless `message` is given."""
     kind = ErrorType.TOO_LARGE if isinstance(refused, TooLarge) else ErrorType.VALIDATION
-    return ServiceError(kind, str(refused) if message is None else message)
+    if message is None:
+        path = request_path(refused)
+        message = str(refused) if path is None else f"{path}: {refused}"
+    return ServiceError(kind, message)
+
+
+def serving_limits(settings: Any) -> ServingLimits:
+    """The caps the task hooks check, as numbers, from the service's settings."""
+    return ServingLimits(max_answer_length_cap=settings.max_answer_length_cap,
+                         max_masks_per_input=settings.max_masks_per_input)
 
 
 @contextmanager
@@ -86,7 +104,7 @@ class TaskHandler:
     def check_body(self, body: Any, settings: Any) -> None:
         """Request options a setting caps (422 naming it): the task's."""
         with refusals_as_http():
-            self.definition.check_options(body, settings)
+            self.definition.check_options(body, serving_limits(settings))
 
     def check_input(self, model: ServedModel, raw: Any, body: Any, index: int) -> None:
         """What the route refuses in one input before it is tokenized (a ServiceError naming it): the
@@ -128,7 +146,7 @@ class TaskHandler:
         """What the route refuses once the inputs are tokenized (a ServiceError naming the input): the
         task's."""
         with refusals_as_http():
-            self.definition.check_prepared(model.spec, prepared, body, settings)
+            self.definition.check_prepared(model.spec, prepared, body, serving_limits(settings))
 
     def keep(self, model: ServedModel, body: Any) -> Keep:
         """What each item keeps of its forward pass for this request (tasks/runtime/inference.py `Keep`)."""

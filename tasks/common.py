@@ -18,8 +18,15 @@ OFFSETS_NOTE = ("Offsets are Python str indices (code points) into the caller's 
 
 
 class Refusal(ValueError):
-    """An input or an option the task refuses, whose message names it: not what the task takes. A web service
-    chooses how to answer each kind (the service: service/handlers.py, `service_error`)."""
+    """An input or an option the task refuses: not what the task takes. Its message is the reason; `field` and
+    `index` say what it is about (an option or the inputs as a whole by `field` alone, input `index` itself with no
+    field, a field of input `index` with both; neither: the message names it), so each caller names the place in
+    its own terms and chooses how to answer each kind (the service: service/handlers.py, `service_error`)."""
+
+    def __init__(self, reason: str, field: str | None = None, index: int | None = None):
+        super().__init__(reason)
+        self.field = field
+        self.index = index
 
 
 class TooLarge(Refusal):

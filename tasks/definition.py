@@ -16,8 +16,10 @@ them: adding a task is one module here plus its head in `training/model.py`.
 
 How a task is served over HTTP is data here too (`Endpoint`: paths, request and response shapes, the inputs'
 fields) and hooks that refuse what the task cannot take (`check_options`, `check_input`, `check_prepared`,
-raising `tasks.common.Refusal`s, or `TooLarge` for more than the task takes): the service builds its routes,
-request models and adapters from them, so no task's name means anything outside the task layer.
+raising `tasks.common.Refusal`s, or `TooLarge` for more than the task takes, each saying which option, input or
+field and why; the serving caps they check come as numbers, `ServingLimits`): the service builds its routes,
+request models and adapters from them and names the place of a refusal in the request, so no task's name means
+anything outside the task layer and no HTTP path or status anything inside it.
 """
 
 from __future__ import annotations
@@ -92,6 +94,15 @@ class Endpoint:
         """The endpoint for a client (the model listing): its path, kind, input fields and response schema."""
         return {"path": self.path, "kind": self.kind, "response": self.response,
                 "fields": [{"name": f.name, "many": f.many} for f in self.fields]}
+
+
+@dataclass(frozen=True, slots=True)
+class ServingLimits:
+    """The serving caps a task's hooks check a request against, as numbers (a server fills them from its settings,
+    and the refusals name each cap by the setting's name, which is the field's)."""
+
+    max_answer_length_cap: int  # the largest max_answer_length a QA request may ask for, in tokens
+    max_masks_per_input: int  # the most [MASK] tokens of one fill-mask input
 
 
 class NoOptions(BaseModel):
@@ -233,16 +244,17 @@ class TaskDefinition:
                 raise InputFailed(index, error) from error
         return prepared
 
-    # -- serving: what the task refuses before any inference (`Refusal`s naming the input or option) -------
+    # -- serving: what the task refuses before any inference (`Refusal`s with the option or input and field) ---
 
-    def check_options(self, options: Any, limits: Any) -> None:
-        """Request options beyond a serving limit (`limits`: the service's settings); nothing by default."""
+    def check_options(self, options: Any, limits: ServingLimits) -> None:
+        """Request options beyond a serving limit; nothing by default."""
 
     def check_input(self, bundle: Any, raw: Any, options: Any, index: int) -> None:
         """What the task refuses in input `index` before it is tokenized (`bundle`: the served model's
         `tasks.runtime.bundle.Bundle`); nothing by default."""
 
-    def check_prepared(self, spec: TaskSpec, prepared: Sequence[Prepared], options: Any, limits: Any) -> None:
+    def check_prepared(self, spec: TaskSpec, prepared: Sequence[Prepared], options: Any,
+                       limits: ServingLimits) -> None:
         """What the task refuses once the inputs are tokenized; nothing by default."""
 
     # What no model of the task can answer, whatever the serving limits, as (the input's field, why): berth

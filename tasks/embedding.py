@@ -218,14 +218,14 @@ class EmbeddingTask(TaskDefinition):
     def check_input(self, bundle, raw, options, index) -> None:
         if options.output == "tokens":
             if index >= MAX_TOKEN_OUTPUT_INPUTS:
-                raise TooLarge(f"inputs: \"output\": \"tokens\" takes at most {MAX_TOKEN_OUTPUT_INPUTS} "
-                               "inputs per request")
+                raise TooLarge(f"\"output\": \"tokens\" takes at most {MAX_TOKEN_OUTPUT_INPUTS} inputs per "
+                               "request", "inputs")
             try:
                 check_layers(options.layers, int(bundle.encoder_config.get("num_hidden_layers", 0)))
             except ValueError as error:
-                raise Refusal(f"layers: {error}") from None
+                raise Refusal(str(error), "layers") from None
         elif options.layers != [-1]:
-            raise Refusal("layers: only with \"output\": \"tokens\" (sentence vectors pool the last layer)")
+            raise Refusal("only with \"output\": \"tokens\" (sentence vectors pool the last layer)", "layers")
 
     def prepare_many(self, tokenizer, spec, inputs: Sequence[str], options) -> list[Prepared]:
         encoded = encode_classification_many(tokenizer, inputs, None, max_length=spec.max_seq_length,

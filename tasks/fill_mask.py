@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 
 from tasks import readers
 from tasks.common import InputFailed, InputTooLong, Refusal, TooLarge, margin, softmax
-from tasks.definition import Endpoint, ListOf, Prepared, RowLayout, StructOf, TaskDefinition, columns
+from tasks.definition import Endpoint, ListOf, Prepared, RowLayout, ServingLimits, StructOf, TaskDefinition, columns
 from tasks.runtime.inference import Keep
 from tasks.runtime.tokenizer import MASK, PAD, EncodedInput
 
@@ -79,7 +79,7 @@ class FillMaskOptions(BaseModel):
 
 
 class NoMask(Refusal):
-    """An input without a [MASK] token (HTTP 422)."""
+    """An input without a [MASK] token."""
 
 
 class FillMaskTask(TaskDefinition):
@@ -120,12 +120,12 @@ class FillMaskTask(TaskDefinition):
             prepared.append(Prepared([encoded], (encoded, positions, sequence_bytes)))
         return prepared
 
-    def check_prepared(self, spec, prepared, options, limits) -> None:
+    def check_prepared(self, spec, prepared, options, limits: ServingLimits) -> None:
         for index, p in enumerate(prepared):
             masks = len(p.state[1])
             if masks > limits.max_masks_per_input:
-                raise TooLarge(f"inputs[{index}]: {masks} [MASK] tokens; the limit is "
-                               f"{limits.max_masks_per_input} per input (max_masks_per_input)")
+                raise TooLarge(f"{masks} [MASK] tokens; the limit is {limits.max_masks_per_input} per input "
+                               "(max_masks_per_input)", index=index)
 
     def keep(self, tokenizer, spec, options) -> Keep:
         """Only each [MASK]'s top k, reduced where the pass ran: never 30,522 logits per token."""

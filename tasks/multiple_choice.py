@@ -117,6 +117,13 @@ def accuracy(predicted: Sequence[int], gold: Sequence[int]) -> float:
 
 MIN_CHOICES = 2  # choices of one input
 MAX_CHOICES = 64  # choices of one served input
+NEEDS_CHOICES = f"a multiple-choice input needs at least {MIN_CHOICES}"
+
+
+def too_few_choices(raw: Any) -> bool:
+    """The rule no model of the task can answer without: fewer than MIN_CHOICES choices (the route and berth
+    predict each count them in their own words before NEEDS_CHOICES)."""
+    return len(raw.choices) < MIN_CHOICES
 
 
 class ChoiceOptions(BaseModel):
@@ -150,16 +157,13 @@ class MultipleChoiceTask(TaskDefinition):
     agreement = "choice score within the regression tolerance"
 
     def check_input(self, bundle, raw, options, index) -> None:
-        if len(raw.choices) < MIN_CHOICES:
-            raise Refusal(f"inputs[{index}].choices: {len(raw.choices)} given; a multiple-choice input "
-                          f"needs at least {MIN_CHOICES}")
+        if too_few_choices(raw):
+            raise Refusal(f"{len(raw.choices)} given; {NEEDS_CHOICES}", "choices", index)
         if len(raw.choices) > MAX_CHOICES:
-            raise TooLarge(f"inputs[{index}].choices: {len(raw.choices)} given; the limit is {MAX_CHOICES}")
+            raise TooLarge(f"{len(raw.choices)} given; the limit is {MAX_CHOICES}", "choices", index)
 
     def input_refusal(self, raw) -> tuple[str, str] | None:
-        if len(raw.choices) < MIN_CHOICES:
-            return "choices", f"{len(raw.choices)} choice(s); a multiple-choice input needs at least {MIN_CHOICES}"
-        return None
+        return ("choices", f"{len(raw.choices)} choice(s); {NEEDS_CHOICES}") if too_few_choices(raw) else None
 
     def texts(self, raw: Any) -> list[tuple[str, str]]:
         return [("context", raw.context)] + [(f"choices[{i}]", c) for i, c in enumerate(raw.choices)]

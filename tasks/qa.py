@@ -40,6 +40,7 @@ from tasks.definition import (
     ListOf,
     Prepared,
     RowLayout,
+    ServingLimits,
     StructOf,
     TaskDefinition,
     columns,
@@ -486,18 +487,18 @@ class QATask(TaskDefinition):
     agreement = "same best answer span (start, end, no-answer) over all windows, per question"
     parity_files = ("squad/v1.1/dev-v1.1.json", "squad/dev.json")
 
-    def check_options(self, options, limits) -> None:
+    def check_options(self, options, limits: ServingLimits) -> None:
         if options.max_answer_length > limits.max_answer_length_cap:
-            raise Refusal(f"max_answer_length: {options.max_answer_length} tokens; the limit is "
-                          f"{limits.max_answer_length_cap} (max_answer_length_cap)")
+            raise Refusal(f"{options.max_answer_length} tokens; the limit is {limits.max_answer_length_cap} "
+                          "(max_answer_length_cap)", "max_answer_length")
 
-    def check_prepared(self, spec, prepared, options, limits) -> None:
+    def check_prepared(self, spec, prepared, options, limits: ServingLimits) -> None:
         """A question longer than the model's max_query_length would be cut: refused instead, never cut
         silently."""
         for index, p in enumerate(prepared):
             if refused := self.prepared_refusal(spec, p):
                 field, why = refused
-                raise TooLarge(f"inputs[{index}].{field}: {why}; shorten the question")
+                raise TooLarge(f"{why}; shorten the question", field, index)
 
     def prepared_refusal(self, spec, prepared) -> tuple[str, str] | None:
         """A question longer than the model reads (its windows hold it cut)."""

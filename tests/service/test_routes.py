@@ -1,6 +1,7 @@
 """The task routes are built from the task definitions' endpoints: one route per declared path, with the declared
 response model and a request model of the declared name made of the endpoint's options, `model` and inputs; a
-task's refusal is answered with 413 when it is more than the task takes (`TooLarge`), else 422."""
+task's refusal is answered with 413 when it is more than the task takes (`TooLarge`), else 422, its message naming
+the refusal's place in the request."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ from fastapi.routing import APIRoute
 from pydantic import ValidationError
 
 from service.errors import ErrorType, ServiceError
-from service.handlers import HANDLERS, refusals_as_http, service_error
+from service.handlers import HANDLERS, refusals_as_http, service_error, serving_limits
 from service.requests import request_model
 from service.routes import v1, v2
 from service.schemas import RESPONSES
+from service.settings import ServiceSettings
 from tasks.common import InputTooLong, Refusal
 from tasks.fill_mask import NoMask
 from tasks.registry import DEFINITIONS, definition
@@ -70,6 +72,21 @@ def test_a_refusal_is_the_http_error_its_status_says():
     with pytest.raises(ServiceError) as raised, refusals_as_http():
         definition("multiple-choice").check_input(None, SimpleNamespace(context="c", choices=["a"] * 65), None, 0)
     assert raised.value.error_type is ErrorType.TOO_LARGE and "choices: 65 given" in raised.value.message
+
+
+@pytest.mark.parametrize(("field", "index", "message"), [
+    ("layers", None, "layers: no such layer"),  # an option (or the inputs as a whole) by its name
+    (None, 3, "inputs[3]: no such layer"),  # an input
+    ("choices", 3, "inputs[3].choices: no such layer"),  # a field of an input
+    (None, None, "no such layer"),  # the refusal names no place: its reason alone
+])
+def test_a_refusal_names_its_place_in_the_request(field, index, message):
+    assert service_error(Refusal("no such layer", field, index)).message == message
+
+
+def test_the_task_hooks_get_the_serving_caps_of_the_settings_as_numbers():
+    limits = serving_limits(ServiceSettings(max_answer_length_cap=12, max_masks_per_input=3))
+    assert (limits.max_answer_length_cap, limits.max_masks_per_input) == (12, 3)
 
 
 def test_an_input_too_long_names_truncate_only_where_the_endpoint_has_it():
