@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from bench.service_load import _cut_to_tokens, infinity_markdown, rerank_workload
+from bench.service_load import _cut_to_tokens, rerank_workload
+from bench.service_load_report import infinity_markdown
 
 
 def test_documents_are_cut_at_a_word_boundary_to_at_most_the_token_budget(tokenizer) -> None:
