@@ -13,6 +13,9 @@ predictions made with little context at window edges), then aggregates tokens in
 transformers' TokenClassificationPipeline does, with rules of its own for hyphens and for characters
 that became [UNK] at entity edges (see `decode_entities`). Offsets are Python str indices into the
 caller's text, and an entity's end never splits a grapheme cluster.
+
+Why one file of ~600 lines: labels, windows, entity decoding and the task definition are one task's steps, kept
+together as every task module is (tasks/definition.py); its metric is already its own (tasks/ner_metrics.py).
 """
 
 from __future__ import annotations

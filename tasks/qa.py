@@ -18,6 +18,10 @@ error there instead. Below the cap, the windows are token for token those of a H
 tokenizer called with truncation="only_second", stride=doc_stride, return_overflowing_tokens=True.
 
 Character offsets are Python str indices into the caller's original context, end exclusive.
+
+Why one file of ~600 lines: reading, windows, training labels, answer decoding and the task definition are one
+task's steps, kept together as every task module is (tasks/definition.py); its metric is already its own
+(tasks/qa_metrics.py).
 """
 
 from __future__ import annotations

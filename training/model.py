@@ -5,6 +5,9 @@ with no renaming (see training/checkpoint.py).
 
 Shape letters: B batch, T sequence length, H hidden size, A attention heads, D = H / A head size,
 V vocabulary size, C number of labels or choices.
+
+Why one file of ~600 lines: as nanoGPT's model.py, the whole model reads in one sitting as small classes (none over
+60 lines), each head a few lines on top of the encoder, in the order and with the names of `modeling_bert`.
 """
 
 from __future__ import annotations

@@ -23,6 +23,10 @@ random states saved and restored, so neither perturbs training.
 Layout of `output_dir`: metrics.jsonl (training/metrics_log.py), train_settings.json,
 checkpoints/step-00000123/trainer_state.pt, and final_model/ when an `on_save` hook is given. The
 optimizer and the learning-rate schedule are training/optimizer.py's.
+
+Why one file of ~600 lines: it is the loop itself (`_Run`), whose steps share one run's state (plan, position in the
+epoch, random states, callbacks); what needs none of it is already its own module (data order, random state,
+training state, precision, optimizer, metrics log, callbacks).
 """
 
 from __future__ import annotations

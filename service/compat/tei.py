@@ -13,6 +13,9 @@ true. Inputs may be token ids as TEI takes them (service/token_ids.py). `prompt_
 bundles carry no prompts), and so is `truncation_direction: left` with `truncate`. /tokenize's `start` and
 `stop` are UTF-8 byte offsets, as TEI's (berth's own routes use str indices). Errors have TEI's shape
 (service/compat/errors.py), also those the request guard answers before the route.
+
+Why one file of ~500 lines: it is one router, TEI's whole HTTP surface in TEI's order (the order the OpenAPI document
+lists its routes in); its error shape is already its own module.
 """
 
 from __future__ import annotations
