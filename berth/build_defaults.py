@@ -147,7 +147,7 @@ def build_defaults(out: Path, work: Path, data_dir: Path | None = None, only: li
     eta = Eta([r.minutes for r in todo])
     built_at = time.time()
     record = {"started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "precision": precision,
-              "machine": _machine(), "models": []}
+              "machine": machine_facts(), "models": []}
     built = []
     examples = default_examples()
     for number, recipe in enumerate(todo, 1):
@@ -266,7 +266,8 @@ def _cpu_flags() -> list[str]:
     return [flag for flag in MATRIX_FLAGS if flag in flags]
 
 
-def _machine() -> dict:
+def machine_facts() -> dict:
+    """The machine a build ran on: cores, torch threads, CPU model and flags, load, git revision, torch."""
     import os
     import platform
 

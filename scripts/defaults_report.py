@@ -29,9 +29,9 @@ def _trained_on(model: dict) -> str:
     sizing = model.get("sizing")
     if not sizing:
         return f"{model['train_examples']:,} × {model['options'].get('epochs', 1):g}"
-    return (f"{sizing['distinct_examples']:,} of {sizing['shipped_examples']:,} × {sizing['epochs']:.2f} "
-            f"({sizing['train_minutes']:g} of {sizing['budget_minutes']:g} min, {sizing['precision']}, "
-            f"{sizing['threads']} threads)")
+    return (f"{sizing['examples_seen']:,} seen of {sizing['shipped_examples']:,}, {sizing['epochs']:.2f} epochs; "
+            f"{sizing['train_minutes']:.1f} of {sizing['budget_minutes']:g} min, {sizing['precision']}, "
+            f"{sizing['threads']} threads")
 
 
 def model_table(record: dict) -> str:
