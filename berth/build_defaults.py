@@ -1,10 +1,12 @@
-"""`berth build-defaults`: fine-tune and export the four default bundles that `make run` serves, and
+"""`berth build-defaults`: fine-tune and export the five default bundles that `make run` serves, and
 export the embedded base itself as the `embeddings` bundle (seconds, no training).
 
 Each default is the embedded base (all-MiniLM-L6-v2) fine-tuned on a small shipped sample
 (data/samples, permissively licensed) and exported to an ONNX bundle: int8 for the CPU, fp16 when
 a CUDA device is present (fp32 when that export fails its parity gate). The sample recipes are
-fixed in examples and epochs, not minutes, so a busy machine builds the same models, only later.
+budgeted in minutes (`max_minutes`, the plan fitted to the measured speed) with a floor in steps
+(`min_steps`): a faster CPU trains on more of each sample, a slow or busy one the minimum, later;
+the record says per model how much it saw and why (`training_sizing`).
 Each recipe has a dev-metric floor: a model under it trains on for a second, bounded round, and
 if it is still under, its bundle says so (`quality.below_floor`) and the service lists it as
 `below_quality_floor`. `--data-dir DIR` trains on the full research sets instead
