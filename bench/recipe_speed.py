@@ -20,7 +20,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from berth.build_defaults import SAMPLE_RECIPES, machine_facts
+from bench.machine import machine_facts
+from berth.build_defaults import SAMPLE_RECIPES
 from tasks.shipped_samples import SAMPLES
 
 HELD_TO = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "BERTH_CPU_BF16")
@@ -62,7 +63,8 @@ def main() -> None:
         print(f"| {name} | {r['s_per_step']:.3f} | {r['min_steps']} | {r['min_steps_minutes']:.2f} | "
               f"{r['budget_minutes']} | {r['steps_in_budget']} |")
     if args.out:
-        record = {"machine": machine_facts(), "environment": {k: os.environ.get(k) for k in HELD_TO}, "recipes": rows}
+        record = {"machine": machine_facts(threads=args.threads),
+                  "environment": {k: os.environ.get(k) for k in HELD_TO}, "recipes": rows}
         args.out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
 

@@ -149,7 +149,7 @@ def build_defaults(out: Path, work: Path, data_dir: Path | None = None, only: li
     eta = Eta([r.minutes for r in todo])
     built_at = time.time()
     record = {"started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "precision": precision,
-              "machine": machine_facts(), "models": []}
+              "machine": _machine(), "models": []}
     built = []
     examples = default_examples()
     for number, recipe in enumerate(todo, 1):
@@ -251,34 +251,18 @@ def _load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-MATRIX_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
-
-
-def _cpuinfo(key: str) -> str:
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return ""
-    return next((line.split(":", 1)[1].strip() for line in lines if line.split(":", 1)[0].strip() == key), "")
-
-
-def _cpu_flags() -> list[str]:
-    """The CPU's vector and matrix extensions that decide training and int8 speed (what it has of MATRIX_FLAGS)."""
-    flags = set(_cpuinfo("flags").split())
-    return [flag for flag in MATRIX_FLAGS if flag in flags]
-
-
-def machine_facts() -> dict:
+def _machine() -> dict:
     """The machine a build ran on: cores, torch threads, CPU model and flags, load, git revision, torch."""
     import os
-    import platform
 
     import torch
 
-    from training.provenance import git_revision
+    from training.provenance import cpu_model_and_flags, git_revision
+
+    processor, flags = cpu_model_and_flags()
 
     return {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "processor": _cpuinfo("model name") or platform.processor(), "cpu_flags": _cpu_flags(),
+            "processor": processor, "cpu_flags": flags,
             "load_average_start": _load_average(),
             "git_revision": git_revision(), "torch": torch.__version__}
 

@@ -14,6 +14,7 @@ import json
 import random
 import re
 import sys
+from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -153,7 +154,8 @@ def stsb(shared: Path) -> dict:
     _write_jsonl(out / "dev.jsonl", pairs("track5.en-en"))
     return {"images pairs": len(train), "contrast pairs (overlap >= {min_overlap}, score <= {max_score})".format(
         **STSB_CONTRAST): len(contrast), "rows added": len(extra),
-        "pairs made by rule": _count_by_label(made), "train rows": len(train) + len(extra) + len(made),
+        "pairs made by rule": dict(Counter(str(row["label"]) for row in made)),
+        "train rows": len(train) + len(extra) + len(made),
         "dev rows (track5.en-en, unchanged)": len(pairs("track5.en-en"))}
 
 
@@ -163,13 +165,6 @@ def _short_sentences(shared: Path) -> list[str]:
                  for sentence in SENTENCE_END.split(paragraph["context"].strip())
                  if 6 <= len(sentence.split()) <= 20 and sentence.endswith(".")}
     return sorted(sentences)
-
-
-def _count_by_label(rows: list[dict]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for row in rows:
-        counts[str(row["label"])] = counts.get(str(row["label"]), 0) + 1
-    return counts
 
 
 def _write_conll(path: Path, sentences: list[tuple[list[str], list[str]]]) -> None:
