@@ -229,19 +229,18 @@ def training_sizing(run: dict) -> dict:
               "precision": run["precision"], "threads": run["speed"]["threads"], "shipped_examples": shipped,
               "epochs": round(epochs, 3), "examples_seen": passes, "distinct_examples": min(shipped, passes)}
     planned, least = schedule["planned_steps"], settings.get("min_steps") or 0
+    pace = f"{speed:.1f} examples/s ({run['precision']}, {run['speed']['threads']} threads)"
     if least and schedule["steps"] == least < planned and run["train_minutes"] > budget:
         record["why"] = (f"the minimum of {least} steps ({passes:,} examples, {epochs:.2f} epochs of {shipped:,}): "
-                         f"at {speed:.1f} examples/s ({run['precision']}, {run['speed']['threads']} threads) the "
-                         f"{budget:g}-minute budget fits fewer, so it trained {run['train_minutes']:g} min")
+                         f"at {pace} the {budget:g}-minute budget fits fewer, so it trained "
+                         f"{run['train_minutes']:g} min")
     elif schedule["fitted_to_budget"] or schedule["stopped_by"] == "max_minutes":
-        record["why"] = (f"the {budget:g}-minute budget at {speed:.1f} examples/s ({run['precision']}, "
-                         f"{run['speed']['threads']} threads) fits {schedule['steps']} of the {planned} planned steps: "
-                         f"{passes:,} examples seen, {epochs:.2f} epochs of {shipped:,}")
+        record["why"] = (f"the {budget:g}-minute budget at {pace} fits {schedule['steps']} of the {planned} planned "
+                         f"steps: {passes:,} examples seen, {epochs:.2f} epochs of {shipped:,}")
     else:
         within = f" within the {budget:g}-minute budget" if budget else ""
         record["why"] = (f"every example, {epochs:g} epoch(s) of {shipped:,}, trained in {run['train_minutes']:g} "
-                         f"min{within} at {speed:.1f} examples/s ({run['precision']}, "
-                         f"{run['speed']['threads']} threads)")
+                         f"min{within} at {pace}")
     return record
 
 
