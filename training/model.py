@@ -12,11 +12,13 @@ Why one file of ~600 lines: as nanoGPT's model.py, the whole model reads in one 
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tasks.embedding import check_layers
 from training.config import BertConfig
@@ -61,6 +63,16 @@ class BertEmbeddings(nn.Module):
         return self.dropout(self.LayerNorm(x))
 
 
+# On CUDA, torch may pick cuDNN's attention, which builds a new execution graph (hundreds of ms) for every new
+# sequence length; with length-grouped batches nearly every step has a new one, and an H100 fine-tuning SQuAD
+# spent most of each step there. Flash and memory-efficient attention have no per-shape set-up.
+_CUDA_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def _sdpa_backends(q: Tensor):
+    return sdpa_kernel(_CUDA_SDPA_BACKENDS) if q.is_cuda else contextlib.nullcontext()
+
+
 class BertSelfAttention(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -82,7 +94,8 @@ class BertSelfAttention(nn.Module):
         q, k, v = self._heads(self.query(hidden)), self._heads(self.key(hidden)), self._heads(self.value(hidden))
         dropout = self.dropout_prob if self.training else 0.0
         if self.implementation == "sdpa":
-            context = F.scaled_dot_product_attention(q, k, v, attn_mask=additive_mask, dropout_p=dropout)
+            with _sdpa_backends(q):
+                context = F.scaled_dot_product_attention(q, k, v, attn_mask=additive_mask, dropout_p=dropout)
         else:
             scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_size)  # (B, A, T, T)
             probs = F.dropout(torch.softmax(scores + additive_mask, dim=-1), p=dropout, training=self.training)

@@ -71,3 +71,28 @@ def test_config_round_trip_and_presets(tmp_path, base_path):
             mini.intermediate_size) == (4, 256, 4, 1024)
     with pytest.raises(ValueError, match="multiple"):
         BertConfig(hidden_size=100, num_attention_heads=3)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_training_attention_skips_cudnn_and_matches_transformers(models, batch):
+    """On CUDA, cuDNN's attention builds an execution graph per new sequence length (length-grouped batches
+    give nearly every step one); ours must run the other kernels, at two lengths, with the same numbers."""
+    from torch.profiler import ProfilerActivity, profile
+
+    ours, reference = (m.to("cuda") for m in models)
+    try:
+        ours.set_attention_implementation("sdpa")
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for width in (batch["input_ids"].shape[1], batch["input_ids"].shape[1] - 3):
+                inputs = {k: v[:, :width].cuda() for k, v in batch.items()}
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    ours(**inputs)["last_hidden_state"].float().sum().backward()
+        assert not [e.key for e in prof.key_averages() if "cudnn_attention" in e.key]
+        with torch.no_grad():
+            inputs = {k: v.cuda() for k, v in batch.items()}
+            expected = reference(**inputs).last_hidden_state
+            got = ours(**inputs)["last_hidden_state"]
+        real = inputs["attention_mask"].bool()
+        torch.testing.assert_close(got[real], expected[real], atol=1e-4, rtol=1e-4)
+    finally:
+        ours.to("cpu"), reference.to("cpu")
