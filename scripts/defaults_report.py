@@ -55,14 +55,18 @@ def model_table(record: dict) -> str:
 def demo_table(demo: dict) -> str:
     lines = ["| check | result | target |", "|---|---|---|"]
     for key, value in demo["figures"].items():
-        lines.append(f"| {key} | **{value:.0%}** | {demo['targets'][key]:.0%} |")
+        target = demo["targets"].get(key)
+        lines.append(f"| {key} | **{value:.0%}** | {'reported' if target is None else f'{target:.0%}'} |")
     lines += ["", "| question | answer given | gold | exact |", "|---|---|---|---|"]
     lines += [f"| {r['question']} | {r['answer']} | {r['gold'][0]} | {'yes' if r['exact'] else 'no'} |"
               for r in demo["qa"]]
     lines += ["", "| gold entity | type | found with that span and type |", "|---|---|---|"]
     lines += [f"| {r['text']} | {r['label']} | {'yes' if r['found'] else 'no'} |" for r in demo["ner"]]
-    lines += ["", "| sentence | similar pair | unrelated pair | ordered |", "|---|---|---|---|"]
-    lines += [f"| {r['text']} | {r['similar']:.2f} | {r['unrelated']:.2f} | {'yes' if r['ordered'] else 'no'} |"
+    lines += ["", "| sentence | similar pair | unrelated pair | ordered | /v1/similarity: similar, unrelated, "
+              "ordered |", "|---|---|---|---|---|"]
+    lines += [f"| {r['text']} | {r['similar']:.2f} | {r['unrelated']:.2f} | {'yes' if r['ordered'] else 'no'} | "
+              + (f"{r['embeddings']['similar']:.2f}, {r['embeddings']['unrelated']:.2f}, "
+                 f"{'yes' if r['embeddings']['ordered'] else 'no'} |" if "embeddings" in r else "— |")
               for r in demo["pairs"]]
     return "\n".join(lines)
 
