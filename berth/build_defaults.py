@@ -230,7 +230,7 @@ def training_sizing(run: dict) -> dict:
               "epochs": round(epochs, 3), "examples_seen": passes, "distinct_examples": min(shipped, passes)}
     planned, least = schedule["planned_steps"], settings.get("min_steps") or 0
     pace = f"{speed:.1f} examples/s ({run['precision']}, {run['speed']['threads']} threads)"
-    if least and schedule["steps"] == least < planned and run["train_minutes"] > budget:
+    if least and budget and schedule["steps"] == least < planned and run["train_minutes"] > budget:
         record["why"] = (f"the minimum of {least} steps ({passes:,} examples, {epochs:.2f} epochs of {shipped:,}): "
                          f"at {pace} the {budget:g}-minute budget fits fewer, so it trained "
                          f"{run['train_minutes']:g} min")

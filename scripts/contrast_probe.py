@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from scripts.contrast_pairs import RULES  # noqa: E402  (the repository root is only on the path now)
+from tasks.cls_metrics import pearson  # noqa: E402
 
 PARAPHRASE = 3.5  # gold score from which a dev pair counts as a paraphrase
 
@@ -50,12 +51,6 @@ def pair_scores(model, pairs: list[tuple[str, str]]) -> list[float]:
         body = {"inputs": [{"source": text, "targets": [other]} for text, other in pairs]}
         return [scores[0] for scores in model.request("/v1/similarity", body)["results"]]
     return [result["score"] for result in model([{"text": text, "text_pair": other} for text, other in pairs])]
-
-
-def pearson(xs: list[float], ys: list[float]) -> float:
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    cov = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
-    return cov / (sum((x - mx) ** 2 for x in xs) * sum((y - my) ** 2 for y in ys)) ** 0.5
 
 
 def run_probe(bundle: str, dev_file: Path) -> dict:
