@@ -131,7 +131,7 @@ def export_bundle(settings: ExportSettings, example_inputs: list[Any] | None = N
                                              metric_checked=dev_file is not None)
             if precision != "fp32":
                 report = _with_metric_gate(report, spec, tokenizer, dev_file, model, session,
-                                           settings.metric_examples)
+                                           settings.metric_examples, checkpoint)
             log.info("%s", parity.format_report(report))
             reports.append(report)
             if used == CPU:  # what a batching server or `berth predict` runs on the CPU
@@ -166,13 +166,19 @@ CONVERTERS = {"fp32": lambda source, target: Path(shutil.copyfile(source, target
 
 
 def _with_metric_gate(report: dict[str, Any], spec, tokenizer, dev_file: Path | None, model, session,
-                      metric_examples: int | None) -> dict[str, Any]:
-    """Add the task-metric gate to an fp16/int8 agreement report; raise `ParityError` if either failed."""
+                      metric_examples: int | None, checkpoint: Path) -> dict[str, Any]:
+    """Add the task-metric gate to an fp16/int8 agreement report; raise `ParityError` if either failed. The
+    PyTorch reference is read from the checkpoint's own dev evaluation (training/output_cache.py) where it holds
+    these weights' outputs on these inputs, and computed otherwise."""
     if dev_file is not None:
+        from training import output_cache
         from training.torch_runner import torch_item_runner
 
-        metric = parity.metric_gate(spec, tokenizer, dev_file, torch_item_runner(model, "metric gate: PyTorch"),
+        reference = output_cache.Reusing(torch_item_runner(model, "metric gate: PyTorch"), model,
+                                         checkpoint / output_cache.CACHE_FILE)
+        metric = parity.metric_gate(spec, tokenizer, dev_file, reference,
                                     onnx_item_runner(session, progress="metric gate: ONNX"), metric_examples)
+        metric["reference_outputs"] = "the checkpoint's dev evaluation" if reference.reused else "computed"
         report = {**report, "metric": metric, "passed": report["passed"] and metric["passed"],
                   "threshold": {**report["threshold"], "metric_drop_points": metric["max_drop_points"]}}
     else:

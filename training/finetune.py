@@ -89,7 +89,7 @@ def run_finetune(settings: FinetuneSettings, callbacks: Sequence[TrainerCallback
     from tasks.classification import REGRESSION
     from tasks.registry import definition, head_class
     from tasks.runtime.tokenizer import load_tokenizer
-    from training import dev_evaluation, feature_based, task_data, trackers
+    from training import dev_evaluation, feature_based, output_cache, task_data, trackers
     from training import model as models
     from training.checkpoint import load_pretrained, save_pretrained
     from training.metrics_log import METRICS_FILE
@@ -167,9 +167,11 @@ def run_finetune(settings: FinetuneSettings, callbacks: Sequence[TrainerCallback
         shutil.rmtree(train_settings.output_dir, ignore_errors=True)
 
         metrics: dict[str, float] = {}
+        dev_outputs = None
         eval_started = time.time()
         if dev_examples:
-            metrics, extra = adapter.evaluate(torch_item_runner(model, progress="dev evaluation"), dev_examples, spec)
+            dev_outputs = output_cache.Recorder(torch_item_runner(model, progress="dev evaluation"))
+            metrics, extra = adapter.evaluate(dev_outputs, dev_examples, spec)
             spec = spec.model_copy(update=extra)
             log.info("dev metrics: %s", json.dumps(metrics))
         eval_minutes = (time.time() - eval_started) / 60
@@ -182,6 +184,8 @@ def run_finetune(settings: FinetuneSettings, callbacks: Sequence[TrainerCallback
     spec = spec.model_copy(update={"dev_metrics": metrics})
     model.cpu()
     save_pretrained(model, out, tokenizer_from=base)
+    if dev_outputs is not None:  # export's metric gate reuses them as its PyTorch reference
+        dev_outputs.save(out / output_cache.CACHE_FILE, model)
     spec.save(out)
     run = {
         "settings": json.loads(settings.model_dump_json()),

@@ -67,6 +67,15 @@ def test_the_bundles_are_gated_on_the_ranking_and_evaluate_as_pytorch(trained, t
                                      metric_examples=DEV_QUESTIONS, optimize="never"))
     except ParityError as error:
         assert "task metric" in str(error) and "mrr_at_10" in str(error), str(error)  # refused, the ranking scored
+        _reference_is_the_finetune_evaluation(error.report["metric"], metrics)
         return
     int8 = load_bundle(tmp_path / "int8")
+    _reference_is_the_finetune_evaluation(int8.parity["metric"], metrics)
     assert int8.parity["passed"] and int8.parity["metric"]["name"] == "mrr_at_10" and int8.parity["metric"]["passed"]
+
+
+def _reference_is_the_finetune_evaluation(gate: dict, metrics: dict) -> None:
+    """The gate's PyTorch reference on the same dev questions came from the outputs the finetune run kept
+    (dev_outputs.npz), and is the finetune run's own MRR@10."""
+    assert gate["reference_outputs"] == "the checkpoint's dev evaluation"
+    assert gate["reference"] == pytest.approx(round(100 * metrics["mrr_at_10"], 3))
