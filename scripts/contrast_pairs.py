@@ -1,27 +1,17 @@
-"""Pairs made by rule from shipped sentences, to teach the similarity model that shared words are not shared
-meaning and that other words can be: contrasts (a sentence and a copy that shares nearly every word but means
-something else, scored low) and paraphrases (a copy in other words or another order that means the same,
-scored high). The permissively licensed STS-B genres teach both too rarely, and contrasts alone would teach
-that any changed word lowers the score.
+"""Contrast pairs made by rule from shipped sentences: a sentence and a copy that shares nearly every
+word but means something else, with a low similarity score. They teach the similarity model that shared
+words are not shared meaning, which the permissively licensed STS-B genres teach too rarely.
 
-Contrasts, each changing one thing and keeping the rest of the sentence:
+Four rules, each changing one thing and keeping the rest of the sentence:
 - negation: "A man is riding a horse." -> "A man is not riding a horse."
 - antonym: one word swapped for its opposite (ANTONYMS): "A small dog ..." -> "A large dog ..."
 - swapped roles: who does what to whom reversed: "A dog is chasing a cat." -> "A cat is chasing a dog."
 - changed number: "Two dogs ..." -> "Three dogs ...", "in 1998" -> "in 2011"
 
-Paraphrases:
-- synonyms: every word with a synonym in SYNONYMS swapped for it: "A man is talking on a sofa." -> "A guy is
-  speaking on a couch."
-- passive: the same roles in the passive voice: "A dog is chasing a cat." -> "A cat is being chased by a dog."
-
-Scores follow the STS annotation scale (5 equivalent, 4 mostly equivalent with unimportant details different,
-3 roughly equivalent with important information different, 2 not equivalent but sharing some details, 1 same
-topic only): a reversed meaning (negation, antonym, swapped roles) is 1.5, a changed number 2.0, where the
-STS-B `images` genre itself scores its one-word contrasts (a dog swimming / running 2.6, in a yard / in a
-stream 2.0, laughing / a kiss 1.2); a passive 4.8 and a synonym swap 4.6, where `images` scores its own
-rewordings of one scene 4.4 to 5 (an elderly woman stands / the old lady is standing 5.0, a camouflage
-airplane / a camouflaged plane 4.4, a cruise liner / a cruise ship 4.4).
+Scores follow the STS annotation scale (5 equivalent, 3 roughly equivalent with important information
+different, 2 not equivalent but sharing some details, 1 same topic only): a reversed meaning (negation,
+antonym, swapped roles) is 1.5, a changed number 2.0, where the STS-B `images` genre itself scores its
+one-word contrasts (a dog swimming / running 2.6, in a yard / in a stream 2.0, laughing / a kiss 1.2).
 """
 
 from __future__ import annotations
@@ -29,8 +19,7 @@ from __future__ import annotations
 import random
 import re
 
-SCORES = {"negation": 1.5, "antonym": 1.5, "swapped roles": 1.5, "changed number": 2.0, "synonyms": 4.6,
-          "passive": 4.8}
+SCORES = {"negation": 1.5, "antonym": 1.5, "swapped roles": 1.5, "changed number": 2.0}
 
 _PAIRS = """white black, man woman, men women, boy girl, boys girls, standing sitting, stands sits, up down,
 small large, big little, young old, inside outside, open closed, empty full, day night, wet dry, top bottom,
@@ -42,35 +31,6 @@ higher lower, highest lowest, early late, earlier later, ancient modern, public 
 strong weak, win lose, lower upper, more fewer"""
 ANTONYMS = {a: b for pair in _PAIRS.replace("\n", " ").split(",") for a, b in [pair.split()]}
 ANTONYMS.update({b: a for a, b in list(ANTONYMS.items())})
-
-# Words and a synonym that can stand in its place in a plain sentence (each both ways unless marked ">").
-_SYNONYMS = """man guy, men guys, woman lady, women ladies, kid child, kids children, sofa couch, sofas couches,
-road street, roads streets, picture photo, pictures photos, photograph photo, rock stone, rocks stones,
-jumps leaps, jumping leaping, jumped leaped, talking speaking, talks speaks, talked spoke, shouting yelling,
-shouts yells, shouted yelled, cutting slicing, cuts slices, big large, little small, huge enormous, ill sick,
-happy glad, rich wealthy, shop store, shops stores, car automobile, cars automobiles, film movie, films movies,
-buy purchase, buys purchases, bought purchased, buying purchasing, begin start, begins starts, began started,
-beginning starting, finished ended, finish end, answered replied,
-quickly rapidly, almost nearly, mother mom, father dad, plane aircraft, planes aircraft>, airplane plane,
-ship vessel, ships vessels, chose picked, choose pick, received got>, receive get>, gift present, gifts presents,
-near close to>, beside next to>, couple pair>, angry mad, scared afraid, closes shuts,
-holding grasping, holds grasps, looking gazing>, stares gazes, staring gazing, sleeping napping>,
- center centre, street road, famous well-known, enormous huge"""
-
-
-def _synonym_table(text: str) -> dict[str, str]:
-    table = {}
-    for pair in text.replace("\n", " ").split(","):
-        first, _, second = pair.strip().partition(" ")
-        one_way = second.endswith(">")
-        second = second.rstrip(">")
-        table.setdefault(first, second)
-        if not one_way and " " not in second:
-            table.setdefault(second, first)
-    return table
-
-
-SYNONYMS = _synonym_table(_SYNONYMS)
 
 NUMBER_WORDS = ["two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
 # Verbs whose subject and object cannot trade places without changing what happened.
@@ -155,61 +115,10 @@ def changed_number(sentence: str, rng: random.Random) -> str | None:
     return sentence[: found.start()] + new + sentence[found.end():]
 
 
-def synonyms(sentence: str, rng: random.Random) -> str | None:
-    """Every word with a synonym in SYNONYMS swapped for it, each keeping its capital, or None. A capitalized
-    word inside the sentence is left alone: it is likely part of a name ("Wall Street")."""
-    words = [m for m in WORD.finditer(sentence) if m.group().lower() in SYNONYMS
-             and (m.start() == 0 or not m.group()[0].isupper())]
-    if not words:
-        return None
-    for word in reversed(words):
-        other = SYNONYMS[word.group().lower()]
-        other = other[0].upper() + other[1:] if word.group()[0].isupper() else other
-        sentence = sentence[: word.start()] + other + sentence[word.end():]
-    return sentence
+RULES = {"negation": negation, "antonym": antonym, "swapped roles": swapped_roles, "changed number": changed_number}
 
 
-# The past participle of each role verb (the passive's verb), from any of its forms in ROLE_VERBS.
-_PARTICIPLES = {"bit": "bitten", "biting": "bitten", "bites": "bitten", "feeding": "fed", "feeds": "fed",
-                "beat": "beaten", "paid": "paid", "taught": "taught", "led": "led", "bought": "bought",
-                "overthrew": "overthrown", "carrying": "carried", "carries": "carried", "hugging": "hugged",
-                "hugs": "hugged"}
-_PAST = {"chased", "bit", "followed", "pushed", "pulled", "carried", "kissed", "hugged", "fed", "watched",
-         "attacked", "licked", "defeated", "beat", "succeeded", "replaced", "acquired", "bought", "invaded",
-         "conquered", "hired", "fired", "paid", "taught", "helped", "visited", "sued", "trained", "led", "ruled",
-         "overthrew", "captured", "killed"}
-
-
-def _participle(verb: str) -> str:
-    if verb in _PARTICIPLES:
-        return _PARTICIPLES[verb]
-    if verb in _PAST:
-        return verb
-    stem = verb[:-3] if verb.endswith("ing") else verb[:-2] if verb.endswith(("ches", "shes", "sses")) else verb[:-1]
-    return stem + ("d" if stem.endswith("e") else "ed")
-
-
-def passive(sentence: str, rng: random.Random) -> str | None:
-    """The same roles in the passive voice ("A dog is chasing a cat." -> "A cat is being chased by a dog.")."""
-    match = SWAP.match(sentence)
-    # A clause after a comma may be about the object ("... Weis, who was fired"): it would change its referent.
-    if not match or " over" in match["verb"] or match["rest"].startswith((",", ";")):
-        return None
-    a, b = match["a"], match["b"]
-    auxiliary, _, verb = match["verb"].rpartition(" ")
-    if auxiliary:  # "is chasing" -> "is being chased"
-        group = f"{auxiliary} being"
-    else:
-        group = "was" if verb in _PAST else "is"
-    return f"{_as_subject(b)} {group} {_participle(verb)} by {_as_object(a)}{match['rest']}"
-
-
-CONTRASTS = {"negation": negation, "antonym": antonym, "swapped roles": swapped_roles, "changed number": changed_number}
-PARAPHRASES = {"synonyms": synonyms, "passive": passive}
-RULES = {**CONTRASTS, **PARAPHRASES}
-
-
-def rule_pairs(sentences: list[str], per_rule: dict[str, int], rng: random.Random) -> list[dict]:
+def contrast_pairs(sentences: list[str], per_rule: dict[str, int], rng: random.Random) -> list[dict]:
     """Up to `per_rule[rule]` pairs per rule (a rule it does not name makes none), each from a different sentence
     drawn by `rng`, as STS rows ({"text", "text_pair", "label"}); the changed sentence is the first or the
     second text at random."""

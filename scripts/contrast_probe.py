@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from scripts.contrast_pairs import CONTRASTS  # noqa: E402  (the repository root is only on the path now)
+from scripts.contrast_pairs import RULES  # noqa: E402  (the repository root is only on the path now)
 from tasks.cls_metrics import pearson  # noqa: E402
 
 PARAPHRASE = 3.5  # gold score from which a dev pair counts as a paraphrase
@@ -38,7 +38,7 @@ def probe_items(dev_rows: list[dict], seed: int = 0) -> list[dict]:
     for row in dev_rows:
         if row["label"] < PARAPHRASE:
             continue
-        for name, rule in CONTRASTS.items():
+        for name, rule in RULES.items():
             contrast = rule(row["text"], rng)
             if contrast and contrast != row["text"]:
                 items.append({"rule": name, "text": row["text"], "paraphrase": row["text_pair"], "contrast": contrast})

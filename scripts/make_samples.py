@@ -20,7 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from scripts.contrast_pairs import rule_pairs  # noqa: E402
+from scripts.contrast_pairs import contrast_pairs  # noqa: E402
 from tasks.readers import read_conll  # noqa: E402  (the repository root is only on the path now)
 
 OUT = REPO / "data" / "samples"
@@ -71,11 +71,6 @@ STSB_CONTRAST = {"min_overlap": 0.5, "max_score": 2.5, "extra_copies": 2}
 # source: the `images` captions and the short sentences (6-20 words) of the SQuAD v1.1 train articles.
 RULE_PAIRS_PER_SOURCE = {"negation": 50, "antonym": 50, "swapped roles": 50, "changed number": 30}
 RULE_PAIRS_SEED = "contrast-pairs-1"
-# ... and paraphrase pairs made by rule (the same sentences in other words or in the passive), drawn with a
-# generator of their own so the contrast pairs above stay as they were: contrasts alone teach that any
-# changed word lowers the score.
-PARAPHRASE_PAIRS_PER_SOURCE = {"synonyms": 50, "passive": 50}
-PARAPHRASE_PAIRS_SEED = "paraphrase-pairs-1"
 # entities: training sentences with several organisations, a multi-word organisation or a hyphenated
 # name are repeated once (every wikigold one, a seeded half of the BTC ones: wikigold's edited sentences
 # are closer to what users send); a share of the training tweets without any entity is left out to pay
@@ -152,14 +147,9 @@ def stsb(shared: Path) -> dict:
     random.Random(MIX_SEED).shuffle(extra)
     rng = random.Random(RULE_PAIRS_SEED)
     captions = sorted({row[key] for row in train for key in ("text", "text_pair")})
-    sentences = _short_sentences(shared)
-    made = rule_pairs(captions, RULE_PAIRS_PER_SOURCE, rng) + rule_pairs(sentences, RULE_PAIRS_PER_SOURCE, rng)
+    made = contrast_pairs(captions, RULE_PAIRS_PER_SOURCE, rng) + contrast_pairs(
+        _short_sentences(shared), RULE_PAIRS_PER_SOURCE, rng)
     rng.shuffle(made)
-    rng = random.Random(PARAPHRASE_PAIRS_SEED)
-    paraphrases = (rule_pairs(captions, PARAPHRASE_PAIRS_PER_SOURCE, rng)
-                   + rule_pairs(sentences, PARAPHRASE_PAIRS_PER_SOURCE, rng))
-    rng.shuffle(paraphrases)
-    made += paraphrases
     _write_jsonl(out / "train.jsonl", train + extra + made)
     _write_jsonl(out / "dev.jsonl", pairs("track5.en-en"))
     return {"images pairs": len(train), "contrast pairs (overlap >= {min_overlap}, score <= {max_score})".format(
