@@ -182,10 +182,11 @@ def run_finetune(settings: FinetuneSettings, callbacks: Sequence[TrainerCallback
             tracker.close()
         raise
     spec = spec.model_copy(update={"dev_metrics": metrics})
+    if dev_outputs is not None:  # export's metric gate reuses them; keyed on the device that computed them
+        out.mkdir(parents=True, exist_ok=True)
+        dev_outputs.save(out / output_cache.CACHE_FILE, model)
     model.cpu()
     save_pretrained(model, out, tokenizer_from=base)
-    if dev_outputs is not None:  # export's metric gate reuses them as its PyTorch reference
-        dev_outputs.save(out / output_cache.CACHE_FILE, model)
     spec.save(out)
     run = {
         "settings": json.loads(settings.model_dump_json()),

@@ -68,8 +68,9 @@ class Recorder:
         return rows
 
     def save(self, path: Path, model: torch.nn.Module) -> Path | None:
-        """Write the recorded calls under `model`'s digest (the weights as they are now: call after the last
-        change to them); nothing when nothing was recorded."""
+        """Write the recorded calls under `model`'s digest: the weights as they are now and the device they are
+        on, so call it before any change to either (a model evaluated on a GPU and then moved to the CPU would
+        otherwise file GPU outputs under the CPU's key); nothing when nothing was recorded."""
         if not self.calls:
             return None
         model_key = model_digest(model)
