@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -24,6 +25,9 @@ from tasks.runtime.inference import ItemRunner, ModelItem, Rows
 log = logging.getLogger(__name__)
 
 CACHE_FILE = "dev_outputs.npz"
+# Outputs larger than this are not kept (SQuAD v1.1's whole dev set, 10,570 questions in 384-token windows,
+# is about 33 MB): the file would cost more to write and read than the evaluation it saves.
+MAX_BYTES = 256 * 2**20
 # Configuration fields that name or date the model rather than change what it computes.
 _NOT_COMPUTED = {"_name_or_path", "transformers_version", "architectures", "torch_dtype", "dtype",
                  "_attn_implementation_autoset"}
@@ -73,6 +77,10 @@ class Recorder:
         otherwise file GPU outputs under the CPU's key); nothing when nothing was recorded."""
         if not self.calls:
             return None
+        size = sum(np.asarray(row[name]).nbytes for _, names, _, rows in self.calls for row in rows for name in names)
+        if size > MAX_BYTES:
+            log.info("dev outputs not kept: %.0f MB, over the %d MB limit", size / 2**20, MAX_BYTES // 2**20)
+            return None
         model_key = model_digest(model)
         arrays: dict[str, np.ndarray] = {}
         keys = []
@@ -115,10 +123,15 @@ class Reusing:
         if self.path.is_file():
             self.model_key = self.model_key or model_digest(self.model)
             key = call_key(self.model_key, items, output_names, per_token)
-            with np.load(self.path, allow_pickle=False) as stored:
-                keys = list(stored["keys"])
-                if key in keys:
-                    log.info("reused the outputs of these weights on these %d inputs from %s", len(items), self.path)
-                    self.reused += 1
-                    return _rows(stored, keys.index(key), output_names)
+            try:
+                with np.load(self.path, allow_pickle=False) as stored:
+                    keys = list(stored["keys"])
+                    if key in keys:
+                        rows = _rows(stored, keys.index(key), output_names)
+                        log.info("reused the outputs of these weights on these %d inputs from %s", len(items),
+                                 self.path)
+                        self.reused += 1
+                        return rows
+            except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile) as error:  # damaged or foreign
+                log.warning("%s unreadable (%s); running the model instead", self.path, error)
         return self.run(items, output_names, per_token)

@@ -115,3 +115,39 @@ def test_without_a_file_the_model_runs(saved, tmp_path):
     reusing = Reusing(counting, model, tmp_path / "absent.npz")
     reusing(items, ["logits"], False)
     assert counting.calls == 1 and reusing.reused == 0
+
+
+@pytest.mark.parametrize("content", [b"", b"not a zip file", b"PK\x03\x04 cut short"])
+def test_a_damaged_file_is_not_trusted_and_the_model_runs(saved, tmp_path, content):
+    folder, _, items, _, _, _ = saved
+    damaged = tmp_path / "dev_outputs.npz"
+    damaged.write_bytes(content)
+    model = _reloaded(folder)
+    counting = Counting(model)
+    reusing = Reusing(counting, model, damaged)
+    rows = reusing(items, ["logits"], False)
+    assert counting.calls == 1 and reusing.reused == 0 and len(rows) == 24
+
+
+def test_a_file_of_another_kind_is_not_trusted(saved, tmp_path):
+    folder, _, items, _, _, _ = saved
+    foreign = tmp_path / "dev_outputs.npz"
+    with open(foreign, "wb") as file:
+        np.savez(file, other=np.zeros(3))  # a valid .npz without the keys
+    model = _reloaded(folder)
+    counting = Counting(model)
+    Reusing(counting, model, foreign)(items, ["logits"], False)
+    assert counting.calls == 1
+
+
+def test_outputs_over_the_size_limit_are_not_kept(saved, tmp_path, monkeypatch):
+    from training import output_cache
+
+    folder, _, items, _, _, _ = saved
+    model = _reloaded(folder)
+    recorder = Recorder(torch_item_runner(model))
+    recorder(items, ["logits"], False)
+    monkeypatch.setattr(output_cache, "MAX_BYTES", 24 * 2 * 4 - 1)  # one byte under 24 rows of 2 float32 logits
+    assert recorder.save(tmp_path / "big.npz", model) is None and not (tmp_path / "big.npz").exists()
+    monkeypatch.setattr(output_cache, "MAX_BYTES", 24 * 2 * 4)
+    assert recorder.save(tmp_path / "big.npz", model) == tmp_path / "big.npz"
