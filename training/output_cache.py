@@ -43,7 +43,7 @@ def model_digest(model: torch.nn.Module) -> str:
     for name, tensor in sorted(model.state_dict().items()):
         value = tensor.detach().cpu().contiguous()
         digest.update(f"{name}:{value.dtype}:{tuple(value.shape)}".encode())
-        digest.update(value.view(torch.uint8).numpy().tobytes() if value.numel() else b"")
+        digest.update(value.reshape(-1).view(torch.uint8).numpy().tobytes())  # reshape: a 0-dim one has no view
     digest.update(next(model.parameters()).device.type.encode())
     return digest.hexdigest()
 

@@ -151,3 +151,18 @@ def test_outputs_over_the_size_limit_are_not_kept(saved, tmp_path, monkeypatch):
     assert recorder.save(tmp_path / "big.npz", model) is None and not (tmp_path / "big.npz").exists()
     monkeypatch.setattr(output_cache, "MAX_BYTES", 24 * 2 * 4)
     assert recorder.save(tmp_path / "big.npz", model) == tmp_path / "big.npz"
+
+
+def test_the_digest_reads_every_tensor_a_scalar_and_an_empty_one_included():
+    """A 0-dim buffer (a temperature, a step count) and an empty one are part of what decides the outputs."""
+    from training.output_cache import model_digest
+
+    def module(scale: float) -> torch.nn.Module:
+        torch.manual_seed(0)
+        layer = torch.nn.Linear(3, 2)
+        layer.register_buffer("scale", torch.tensor(scale))
+        layer.register_buffer("nothing", torch.zeros(0))
+        return layer
+
+    assert model_digest(module(1.0)) == model_digest(module(1.0))
+    assert model_digest(module(1.0)) != model_digest(module(2.0))
