@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from tasks.runtime.version import berth_version
@@ -47,7 +48,23 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except Exception as error:  # noqa: BLE001 - only the user's errors are caught, the rest re-raised
+        if not _is_user_error(error) or os.environ.get("BERTH_DEBUG"):
+            raise
+        print(f"berth {args.command}: {error}", file=sys.stderr, flush=True)
+        return 2
+
+
+def _is_user_error(error: BaseException) -> bool:
+    """An error the user can fix (training.errors.UserFacingError), told in one line; without torch installed
+    (a serving install) there is none."""
+    try:
+        from training.errors import UserFacingError
+    except ImportError:
+        return False
+    return isinstance(error, UserFacingError)
 
 
 if __name__ == "__main__":
