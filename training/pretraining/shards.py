@@ -76,6 +76,8 @@ def plan_pieces(files: Sequence[Path], target_bytes: int) -> list[list[Part]]:
             start = 0
             while start < length:
                 end = _cut_after(file, start + target_bytes, length)
+                if length - end < target_bytes // 2:
+                    end = length  # no small last part: it would be a shard of too few documents
                 pieces.append([Part(str(file), start, end)])
                 start = end
             continue
@@ -85,7 +87,11 @@ def plan_pieces(files: Sequence[Path], target_bytes: int) -> list[list[Part]]:
         group.append(Part(str(file), 0, length))
         size += length
     if group:
-        pieces.append(group)
+        if size < target_bytes // 2 and pieces and pieces[-1][0].start == 0 and pieces[-1][0].end == \
+                Path(pieces[-1][0].path).stat().st_size:
+            pieces[-1] += group  # a small tail of whole files joins the previous group of whole files
+        else:
+            pieces.append(group)
     return pieces
 
 
@@ -151,11 +157,13 @@ def build_shard(index: int, piece: list[Part], tokenizer_json: str, settings: di
             latin1.append(part.path)
         documents += documents_from_text(decoded.text, part.path, settings["format"], settings["max_document_chars"])
     seed = shard_seed(settings["seed"], index)
+    # Held-out documents only where enough stay for training (two, for next-sentence pairs), with two held out.
+    enough = 4 if settings["nsp"] else 2
     try:
         train, heldout = build_pretraining_instances(
             documents, tokenizer, max_seq_length=settings["max_seq_length"], short_seq_prob=settings["short_seq_prob"],
-            nsp=settings["nsp"], dupe_factor=settings["dupe_factor"], heldout_fraction=settings["heldout_fraction"],
-            seed=seed)
+            nsp=settings["nsp"], dupe_factor=settings["dupe_factor"],
+            heldout_fraction=settings["heldout_fraction"] if len(documents) >= enough else 0.0, seed=seed)
     except ValueError as error:  # e.g. next-sentence prediction over a single document
         files = ", ".join(sorted({p.path for p in piece}))
         raise UserFacingError(f"{files}: {error}") from None
