@@ -151,7 +151,8 @@ def run_command(args: argparse.Namespace) -> int:
 
     logging.getLogger("berth.pretrain").info("settings: %s", settings.model_dump_json())
     if os.environ.get("RANK", "0") == "0":  # one writer under torchrun
-        write_config(settings, settings.out, "pretrain")  # `berth pretrain --config OUT/config.yaml` runs it again
+        # `berth pretrain --config OUT/config.yaml` runs it again (the training, also after --prepare-only)
+        write_config(settings.model_copy(update={"prepare_only": False}), settings.out, "pretrain")
     record = run_pretrain(settings)
     if settings.prepare_only:
         print(json.dumps(record, indent=2, default=str))

@@ -209,12 +209,19 @@ def shard_seed(seed: int, index: int) -> int:
     return int(np.random.SeedSequence([seed, index]).generate_state(1, np.uint64)[0] >> 1)
 
 
-def _build_shard_job(job: tuple) -> dict[str, Any]:
-    return build_shard(*job)
+_SHARED: tuple = ()  # (tokenizer JSON, settings, key, folder): sent once per worker, not once per shard
 
 
-def _worker_init() -> None:
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the workers are the parallelism
+def _build_shard_job(job: tuple[int, list[Part]]) -> dict[str, Any]:
+    tokenizer_json, settings, key, folder = _SHARED
+    return build_shard(*job, tokenizer_json, settings, key, folder)
+
+
+def _worker_init(shared: tuple, one_thread: bool) -> None:
+    global _SHARED
+    _SHARED = shared
+    if one_thread:
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the workers are the parallelism
 
 
 def _write_json(path: Path, value: Any) -> None:
@@ -291,15 +298,15 @@ def prepare(corpus: Sequence[str | Path], tokenizer: Tokenizer, folder: str | Pa
         if existing is not None:
             records[index] = existing
         else:
-            pending.append((index, piece, tokenizer.to_str(), settings, key, folder))
+            pending.append((index, piece))
     for extra in folder.glob("shard-*"):
         if extra.is_dir() and int(extra.name.split("-")[1].split(".")[0]) >= len(pieces):
             shutil.rmtree(extra)
     started = time.perf_counter()
-    total_bytes = sum(p.end - p.start for _, piece, *_ in pending for p in piece)
+    total_bytes = sum(p.end - p.start for _, piece in pending for p in piece)
     log.info("preparing %d of %d shards (%.1f MB of text) with %d worker(s) into %s; %d already committed",
              len(pending), len(pieces), total_bytes / 1e6, workers, folder, len(records))
-    for record in _run_jobs(pending, workers):
+    for record in _run_jobs(pending, workers, (tokenizer.to_str(), settings, key, folder)):
         records[record["index"]] = record
         log.info("shard %d: %d instances, %d held out (%d/%d shards)", record["index"],
                  record["train"]["instances"], record["heldout"]["instances"], len(records), len(pieces))
@@ -329,11 +336,13 @@ def prepare(corpus: Sequence[str | Path], tokenizer: Tokenizer, folder: str | Pa
     return manifest
 
 
-def _run_jobs(jobs: list[tuple], workers: int):
+def _run_jobs(jobs: list[tuple[int, list[Part]]], workers: int, shared: tuple):
     if workers <= 1 or len(jobs) <= 1:
+        _worker_init(shared, one_thread=False)
         yield from map(_build_shard_job, jobs)
         return
-    with multiprocessing.get_context("spawn").Pool(min(workers, len(jobs)), initializer=_worker_init) as pool:
+    with multiprocessing.get_context("spawn").Pool(min(workers, len(jobs)), initializer=_worker_init,
+                                                   initargs=(shared, True)) as pool:
         yield from pool.imap_unordered(_build_shard_job, jobs)
 
 
