@@ -203,15 +203,21 @@ def test_a_node_whose_out_is_not_the_shared_folder_stops_both_launchers_with_one
     assert writes(tmp_path, 1) == []
 
 
-def test_a_torchrun_launch_without_prepared_data_says_prepare_first(corpus, tmp_path):
+@pytest.mark.parametrize("named", ["corpus", "prepared-folder"])
+def test_a_torchrun_launch_without_prepared_data_says_prepare_first(named, corpus, prepared, tmp_path):
+    """The corpus itself with nothing prepared in --out, or --out's data folder named before it was prepared."""
     out = tmp_path / "runs" / "out"
-    launch = Launch(tmp_path, "unprepared", one_node(free_port()), [*corpus, "--out", str(out), *TRAIN])
+    if named == "corpus":
+        given, why = [*corpus], f"no tokenizer has been prepared in {out / 'data'}"
+    else:
+        given, why = [str(out / "data"), "--tokenizer", str(prepared)], f"{out / 'data'}: no such corpus file"
+    launch = Launch(tmp_path, "unprepared", one_node(free_port()), [*given, "--out", str(out), *TRAIN])
     assert launch.wait() != 0
     printed = launch.output()
     lines = [line for line in printed.splitlines() if line.startswith("berth pretrain: ")]
     assert len(lines) == 2, printed[-4000:]  # one from each rank
     for line in lines:
-        assert "no data is built inside a torchrun launch" in line and "--prepare-only" in line
+        assert why in line and "no data is built inside a torchrun launch" in line and "--prepare-only" in line
         assert f"--out {out}" in line
     assert "UserFacingError" not in printed
     assert not (out / "data").exists()
