@@ -116,8 +116,8 @@ def test_pytorchjob_prepares_once_then_launches_torchrun_on_every_node_over_one_
     nodes = sum(spec["replicas"] for spec in replicas.values())
     claim = only(objects(), "PersistentVolumeClaim")
     assert "ReadWriteMany" in claim["spec"]["accessModes"]  # one volume mounted by pods on several nodes
-    prepare_steps = [c for spec in replicas.values() for c in spec["template"]["spec"].get("initContainers", [])]
-    assert len(prepare_steps) == 1 and "Master" in replicas  # prepared once, before rank 0's launcher starts
+    prepare_steps = [c for c in replicas["Master"]["template"]["spec"]["initContainers"] if c["command"] == ["berth"]]
+    assert len(prepare_steps) == 1  # prepared once, before rank 0's launcher starts
     prepare = pretrain_settings(prepare_steps[0]["args"])
     assert prepare_steps[0]["command"] == ["berth"] and prepare.prepare_only and prepare.workers > 1
     assert float(prepare_steps[0]["resources"]["limits"]["cpu"]) >= prepare.workers
@@ -139,7 +139,11 @@ def test_pytorchjob_prepares_once_then_launches_torchrun_on_every_node_over_one_
         assert float(container["resources"]["limits"]["cpu"]) >= train.num_threads * int(launch.nproc_per_node)
         claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"]
                   if "persistentVolumeClaim" in v}
-        mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
-        for path in (train.corpus[0], train.out, *prepare.corpus):
+        for path, user in [(p, container) for p in (train.corpus[0], train.out, *prepare.corpus)] + [
+                (prepare.out / "data" / "manifest.json", waiter) for waiter in pod.get("initContainers", [])]:
+            mounts = {m["mountPath"]: m["name"] for m in user["volumeMounts"]}
             mount = next(p for p in mounts if str(path).startswith(p + "/"))
             assert claims[mounts[mount]] == claim["metadata"]["name"], (kind, path)
+        if kind != "Master":  # the other nodes start their launchers once the data is prepared
+            (waiter,) = pod["initContainers"]
+            assert f"until [ -f {prepare.out / 'data' / 'manifest.json'} ]" in " ".join(waiter["command"])
