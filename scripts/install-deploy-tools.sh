@@ -64,6 +64,12 @@ if [ -x "$VENV/bin/pip" ]; then
     if ! "$VENV/bin/python" -c "import kubernetes_validate" 2>/dev/null; then
         "$VENV/bin/pip" install -q kubernetes-validate || echo "kubernetes-validate not installable; the schema tests will skip"
     fi
+    # The Kubeflow training operator's API models (the PyTorchJob of docker/k8s/pytorchjob-pretrain.yaml is checked
+    # against them); it brings the Kubernetes Python client.
+    if ! "$VENV/bin/python" -c "import kubeflow.training" 2>/dev/null; then
+        "$VENV/bin/pip" install -q "kubeflow-training==1.9.4" \
+            || echo "kubeflow-training not installable; the PyTorchJob's operator-schema test will skip"
+    fi
     if [ ! -x "$VENV/opt/checkov/bin/checkov" ]; then
         { "$VENV/bin/python" -m venv "$VENV/opt/checkov" && "$VENV/opt/checkov/bin/pip" install -q checkov; } \
             || echo "checkov not installable; the checkov tests will skip"

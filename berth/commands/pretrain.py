@@ -25,7 +25,7 @@ EXAMPLES = """examples:
   berth pretrain corpus/ --out runs/big --base default --workers 8 --prepare-only
   berth pretrain corpus/ --out runs/big --base default --max-steps 100000 --save-every-steps 1000
 
-  # on several machines: the same command on each, OUT on a filesystem they share (docs/PRETRAINING.md)
+  # on several machines: the same command on each, OUT on a filesystem they share (docs/howto/pretrain-at-scale.md)
   torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
       -m berth.cli pretrain corpus/ --out /shared/runs/big --base default --max-steps 100000
 

@@ -69,13 +69,18 @@ def as_pod(name: str, template: dict) -> dict:
 def check_against_kubernetes_schemas(found: list[dict], version: str, broken_group: str) -> None:
     """A RayJob manifest's core objects and its pod templates (as Pods) validate strictly against `version`'s
     schemas; `broken_group`'s template with a misspelt field does not (the check bites)."""
+    assert {(o["apiVersion"], o["kind"]) for o in found} == {*CRD_KINDS, ("v1", "PersistentVolumeClaim")}
+    core = [o for o in found if (o["apiVersion"], o["kind"]) not in CRD_KINDS]
+    check_core_objects_and_pods(core, pod_templates(only(found, "RayJob")), version, broken_group)
+
+
+def check_core_objects_and_pods(core: list[dict], templates: dict[str, dict], version: str, broken: str) -> None:
+    """Core objects and pod templates (as Pods) validate strictly against `version`'s schemas; the template named
+    `broken` with a misspelt field does not (the check bites). Shared by the manifests of custom resources whose
+    pods are plain pod templates (the RayJobs, the PyTorchJob)."""
     kv = kubernetes_validate()
     version = kv.latest_version() if version == "latest" else version
-    assert {(o["apiVersion"], o["kind"]) for o in found} == {*CRD_KINDS, ("v1", "PersistentVolumeClaim")}
-    job = only(found, "RayJob")
-    core = [o for o in found if (o["apiVersion"], o["kind"]) not in CRD_KINDS]
-    core += [as_pod(name, template) for name, template in pod_templates(job).items()]
-    for obj in core:
+    for obj in [*core, *(as_pod(name, template) for name, template in templates.items())]:
         try:
             kv.validate(obj, version, strict=True)
         except kv.ValidationError as error:
@@ -83,10 +88,26 @@ def check_against_kubernetes_schemas(found: list[dict], version: str, broken_gro
                 f"{obj['kind']}/{obj['metadata']['name']} invalid for Kubernetes {version}: "
                 f"{'.'.join(map(str, error.path))}: {error.message}"
             )
-    broken = as_pod(broken_group.split()[0], copy.deepcopy(pod_templates(job)[broken_group]))
-    broken["spec"]["containers"][0]["volumeMount"] = broken["spec"]["containers"][0].pop("volumeMounts")
+    misspelt = as_pod(broken.split()[0], copy.deepcopy(templates[broken]))
+    misspelt["spec"]["containers"][0]["volumeMount"] = misspelt["spec"]["containers"][0].pop("volumeMounts")
     with pytest.raises(kv.ValidationError):  # the check bites on a misspelt field
-        kv.validate(broken, version, strict=True)
+        kv.validate(misspelt, version, strict=True)
+
+
+def assert_restricted_pod(name: str, pod: dict) -> None:
+    """A pod spec that the restricted Pod Security Standard admits, with limits and a writable /tmp of its own in
+    every container (init containers too), as every pod of docker/k8s/ is."""
+    context = pod["securityContext"]
+    assert context["runAsNonRoot"] is True and context["runAsUser"] >= 10000, name
+    assert context["seccompProfile"] == {"type": "RuntimeDefault"}, name
+    assert pod["automountServiceAccountToken"] is False, name
+    for container in [*pod.get("initContainers", []), *pod["containers"]]:
+        security = container["securityContext"]
+        assert security["allowPrivilegeEscalation"] is False and security["readOnlyRootFilesystem"] is True, name
+        assert security["capabilities"]["drop"] == ["ALL"] and "add" not in security["capabilities"], name
+        assert {"cpu", "memory"} <= set(container["resources"]["limits"]), name
+        mounts = {m["mountPath"]: m["name"] for m in container.get("volumeMounts", [])}
+        assert "emptyDir" in next(v for v in pod["volumes"] if v["name"] == mounts["/tmp"]), name
 
 
 @pytest.mark.parametrize("version", [OLDEST_KUBERNETES, "latest"])
@@ -121,20 +142,7 @@ def test_rayjob_ray_version_is_one_the_ray_extra_allows():
 
 def test_rayjob_pods_meet_the_restricted_pod_security():
     for name, template in pod_templates(only(objects(), "RayJob")).items():
-        pod = template["spec"]
-        context = pod["securityContext"]
-        assert context["runAsNonRoot"] is True and context["runAsUser"] >= 10000, name
-        assert context["seccompProfile"] == {"type": "RuntimeDefault"}, name
-        assert pod["automountServiceAccountToken"] is False, name
-        for container in pod["containers"]:
-            security = container["securityContext"]
-            assert (
-                security["allowPrivilegeEscalation"] is False and security["readOnlyRootFilesystem"] is True
-            )
-            assert security["capabilities"]["drop"] == ["ALL"] and "add" not in security["capabilities"]
-            assert {"cpu", "memory"} <= set(container["resources"]["limits"]), name
-            mounts = {m["mountPath"]: m["name"] for m in container.get("volumeMounts", [])}
-            assert "emptyDir" in next(v for v in pod["volumes"] if v["name"] == mounts["/tmp"]), name
+        assert_restricted_pod(name, template["spec"])
 
 
 def test_rayjob_entrypoint_is_a_berth_predict_on_ray_reading_the_model_repository():

@@ -21,6 +21,7 @@ from tests.deploy.test_rayjob import (
     HEAD_SPEC,
     RAYJOB_SPEC,
     WORKER_SPEC,
+    assert_restricted_pod,
     check_against_kubernetes_schemas,
     pod_templates,
 )
@@ -56,18 +57,7 @@ def test_sweep_rayjob_uses_only_kuberay_fields_and_an_allowed_ray_version():
 
 def test_sweep_rayjob_pods_meet_the_restricted_pod_security():
     for name, template in pod_templates(only(objects(), "RayJob")).items():
-        pod = template["spec"]
-        context = pod["securityContext"]
-        assert context["runAsNonRoot"] is True and context["runAsUser"] >= 10000, name
-        assert context["seccompProfile"] == {"type": "RuntimeDefault"}, name
-        assert pod["automountServiceAccountToken"] is False, name
-        for container in pod["containers"]:
-            security = container["securityContext"]
-            assert security["allowPrivilegeEscalation"] is False and security["readOnlyRootFilesystem"] is True
-            assert security["capabilities"]["drop"] == ["ALL"] and "add" not in security["capabilities"]
-            assert {"cpu", "memory"} <= set(container["resources"]["limits"]), name
-            mounts = {m["mountPath"]: m["name"] for m in container.get("volumeMounts", [])}
-            assert "emptyDir" in next(v for v in pod["volumes"] if v["name"] == mounts["/tmp"]), name
+        assert_restricted_pod(name, template["spec"])
 
 
 def test_sweep_rayjob_entrypoint_is_a_berth_sweep_on_ray_over_one_shared_volume():

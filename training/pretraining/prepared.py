@@ -121,8 +121,8 @@ def prepare_run_data(settings: PretrainSettings, base: Base | None, nsp: bool, m
     log.info("tokenizer: %s, %d tokens", origin, tokenizer.get_vocab_size())
     try:
         files = corpus_files(settings.corpus)
-    except FileNotFoundError as error:
-        raise UserFacingError(str(error)) from None
+    except FileNotFoundError as error:  # under torchrun, most often the prepared folder named before it was prepared
+        raise UserFacingError(str(error) if may_build else _prepare_first(settings, str(error))) from None
     fingerprint = corpus_fingerprint(files)
     prepared = []
     for length, name in zip(lengths, (DATA_DIR, PHASE2_DATA_DIR)):
