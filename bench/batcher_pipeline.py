@@ -5,8 +5,11 @@ clients on the event loop, each submitting one request of one real input, awaiti
 `--request-cpu-ms` of event-loop CPU (what parsing, tokenizing and serializing cost a request in the server)
 and submitting again. Pipeline on and off alternate, round after round, so both see the same neighbours;
 reported: items/s and the engine's busy share (time inside forward passes / wall time) per round.
+`--compare gil` alternates the GIL switch interval instead (pipeline on): Python's default 5 ms against
+`--switch-interval-ms`: how long a finished pass's worker thread can wait for the event loop's GIL.
 
     .venv/bin/python -m bench.batcher_pipeline models/sst2 --clients 32 --rounds 5 --seconds 3
+    .venv/bin/python -m bench.batcher_pipeline models/sst2 --compare gil --out bench/results/batcher_gil.json
 """
 
 from __future__ import annotations
@@ -84,6 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--request-cpu-ms", type=float, default=0.5)
     parser.add_argument("--max-batch-size", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--compare", choices=["pipeline", "gil"], default="pipeline",
+                        help="what alternates: the pipeline on and off, or the GIL switch interval (Python's 5 ms "
+                             "and --switch-interval-ms)")
+    parser.add_argument("--switch-interval-ms", type=float, default=0.5)
     parser.add_argument("--out", type=Path,
                         default=Path(__file__).resolve().parent / "results" / "batcher_pipeline.json")
     args = parser.parse_args(argv)
@@ -92,19 +99,27 @@ def main(argv: list[str] | None = None) -> int:
     engine = TimedEngine(OnnxEngine(bundle, args.threads, prefer_gpu=False))
     item = common.encode_classification(load_bundle_tokenizer(bundle), SENTENCE,
                                         max_length=bundle.spec().max_seq_length)
+    # (label, pipeline, GIL switch interval): "on" the change measured, "off" what it is compared with
+    default_interval = sys.getswitchinterval()
+    variants = {"on": (True, default_interval), "off": (False, default_interval)} if args.compare == "pipeline" \
+        else {"on": (True, args.switch_interval_ms / 1000), "off": (True, default_interval)}
     rows: dict[str, list[dict[str, float]]] = {"on": [], "off": []}
     for number in range(args.rounds):
-        for pipeline in (True, False) if number % 2 == 0 else (False, True):
+        for side in ("on", "off") if number % 2 == 0 else ("off", "on"):
+            pipeline, interval = variants[side]
+            sys.setswitchinterval(interval)
             row = asyncio.run(one_round(engine, bundle, item, pipeline, args.clients, args.seconds,
                                         args.request_cpu_ms / 1000, args.max_batch_size))
-            rows["on" if pipeline else "off"].append(row)
-            print(f"round {number + 1} pipeline {'on ' if pipeline else 'off'}: {row['items_per_s']:.1f} items/s, "
+            rows[side].append(row)
+            print(f"round {number + 1} pipeline {'on ' if pipeline else 'off'}, GIL switch interval "
+                  f"{1000 * interval:g} ms: {row['items_per_s']:.1f} items/s, "
                   f"engine busy {100 * row['engine_busy_share']:.0f}%", flush=True)
     summary = {side: {key: statistics.median(r[key] for r in rows[side])
                       for key in ("items_per_s", "engine_busy_share")}
                for side in rows}
     summary["paired_gain"] = statistics.median(on["items_per_s"] / off["items_per_s"]
                                                for on, off in zip(rows["on"], rows["off"]))
+    summary["compared"] = {side: {"pipeline": p, "gil_switch_interval_s": i} for side, (p, i) in variants.items()}
     result = {"bundle": args.bundle.name, "settings": {k: str(v) for k, v in vars(args).items()},
               "machine": machine_facts(args.threads, ("onnxruntime", "numpy")),
               "load_average": list(os.getloadavg()), "rounds": rows, "summary": summary}

@@ -193,6 +193,8 @@ POLICIES = {  # the sessions' memory settings compared by --idle
     # the default, without the narrow second session of each model (one pass at a time per model)
     "shared, one session": {"BERTH_ORT_SHARED_MEMORY": "true", "BERTH_ORT_PREPACK_WEIGHTS": "true",
                             "BERTH_PARALLEL_PASSES": "1"},
+    "shared, not prepacked, one session": {"BERTH_ORT_SHARED_MEMORY": "true", "BERTH_ORT_PREPACK_WEIGHTS": "false",
+                                           "BERTH_PARALLEL_PASSES": "1"},
 }
 
 

@@ -33,12 +33,14 @@ bench/results/service_load.json (with the machine facts) and the docs table besi
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -166,7 +168,7 @@ def engine_figures(bundle, items: list[Any], threads: int, batch_sizes: list[int
                      "cpu_ms_per_request": 1000 * (time.process_time() - cpu) / (batch * len(latencies))})
         if single is not None:
             cpu = time.process_time()
-            passes = _side_by_side(single, feeds, threads, seconds)
+            passes = side_by_side(functools.partial(single.run, None, feeds), threads, seconds)
             parallel_rows.append({"batch_requests": batch, "requests_per_s": batch * passes[0] / passes[1],
                                   "cpu_ms_per_request": 1000 * (time.process_time() - cpu) / (batch * passes[0])})
     best = max(rows, key=lambda r: r["requests_per_s"])
@@ -181,17 +183,17 @@ def engine_figures(bundle, items: list[Any], threads: int, batch_sizes: list[int
             "best_cpu_ms_per_request": ceiling["cpu_ms_per_request"], "rows": rows, "parallel_rows": parallel_rows}
 
 
-def _side_by_side(session, feeds: dict[str, Any], workers: int, seconds: float) -> tuple[int, float]:
-    """Forward passes, and the seconds they took, of `workers` threads calling `session.run` on `feeds` at once."""
+def side_by_side(run: Callable[[], Any], workers: int, seconds: float) -> tuple[int, float]:
+    """Calls of `run` (a forward pass), and the seconds they took, of `workers` threads calling it at once."""
     import threading
 
-    session.run(None, feeds)
+    run()
     passes = [0] * workers
     end = time.perf_counter() + seconds
 
     def loop(worker: int) -> None:
         while time.perf_counter() < end or passes[worker] < 2:
-            session.run(None, feeds)
+            run()
             passes[worker] += 1
 
     threads = [threading.Thread(target=loop, args=(w,)) for w in range(workers)]
