@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--dev", type=Path, default=DEV)
     parser.add_argument("--questions", type=int, default=0, help="the first n questions (round-robin over the "
                         "articles, as a fine-tuning run's --max-eval-examples takes them); 0: all")
+    parser.add_argument("--embeddings", type=Path, help="an embeddings bundle of the base (default: exported here)")
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS / "rerank_dev.json")
     args = parser.parse_args(argv)
@@ -70,8 +71,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     examples = examples[: args.questions] if args.questions else examples
     relevant = [e.relevant for e in examples]
     with tempfile.TemporaryDirectory() as folder:
-        first_stage, _ = embedding_rankings(build_embeddings_bundle(Path(folder), threads=args.threads or None),
-                                            examples, args.threads or None)
+        bundle = args.embeddings or build_embeddings_bundle(Path(folder), threads=args.threads or None)
+        first_stage, _ = embedding_rankings(bundle, examples, args.threads or None)
     rows = {"embeddings (bi-encoder)": {**ranking_metrics(first_stage, relevant),
                                         "mrr_at_10_se": mrr_standard_error(first_stage, relevant)}}
     for folder in args.models:

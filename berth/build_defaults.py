@@ -36,6 +36,8 @@ from tasks.shipped_samples import SAMPLES
 
 EXAMPLES = SAMPLES / "examples.json"  # model name -> example inputs written into its bundle (the playground's)
 RECORD_FILE = "build_record.json"  # in --work: per-model minutes (wall and CPU), dev metrics, floors, machine
+FIRST_STAGE_FOLDER = "first-stage-embeddings"  # in --work: the embedded base exported for the rerank guard
+NOT_SHIPPED_SUFFIX = "-not-shipped.json"  # in --work: a model its guard refused, with the verdict; not retrained
 log = logging.getLogger("berth.build_defaults")
 
 
@@ -152,10 +154,17 @@ def build_defaults(out: Path, work: Path, data_dir: Path | None = None, only: li
     automatic = precision == "auto"
     if automatic:
         precision = _default_precision()
-    todo = [r for r in recipes if force or not (out / r.name / "bundle.json").is_file()]
+    refused = {r.name: work / f"{r.name}{NOT_SHIPPED_SUFFIX}" for r in recipes}
+    todo = [r for r in recipes
+            if force or not ((out / r.name / "bundle.json").is_file() or refused[r.name].is_file())]
     for recipe in recipes:
-        if recipe not in todo:
+        if recipe in todo:
+            continue
+        if (out / recipe.name / "bundle.json").is_file():
             say(f"{recipe.name}: bundle exists, skipped ({out / recipe.name})")
+        else:
+            say(f"{recipe.name}: not shipped by an earlier build (its guard: {refused[recipe.name]}), skipped; "
+                f"--force trains it again")
     eta = Eta([r.minutes for r in todo])
     built_at = time.time()
     record = {"started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "precision": precision,
@@ -170,10 +179,13 @@ def build_defaults(out: Path, work: Path, data_dir: Path | None = None, only: li
         model_folder, metrics, quality = _train_guarded(recipe, root, out, work, threads, tag)
         bundle = out / recipe.name
         if model_folder is not None:
+            refused[recipe.name].unlink(missing_ok=True)
             _export(model_folder, bundle, precision, automatic, tag, examples.get(recipe.name))
             _record_quality(bundle, quality)
         else:
             shutil.rmtree(bundle, ignore_errors=True)  # an earlier build's model is not left to be served either
+            # Kept so that the next `make run` does not train it again for nothing (--force does).
+            refused[recipe.name].write_text(json.dumps(quality["guard"], indent=2) + "\n", encoding="utf-8")
             log.warning("%s: NOT SHIPPED: no recipe's reranker beat the embeddings model on its dev set (%s)",
                         recipe.name, quality["guard"]["tries"])
         eta.done(time.time() - started)
@@ -390,13 +402,24 @@ def _train_guarded(recipe: Recipe, data_root: Path, out: Path, work: Path, threa
             model_folder, metrics, quality = _train_to_floor(current, data_root, work, threads, tag)
         dev = _data_folder(current, data_root, work) / current.dev
         if dev not in first_stage:
-            first_stage[dev] = embeddings_dev_figures(dev, out, work, threads)
+            first_stage[dev] = embeddings_dev_figures(dev, _first_stage_bundle(out, work, threads), threads)
         check = verdict(metrics, first_stage[dev])
         say(f"{tag}: guard: {verdict_line(check)}")
         tries.append({**check, "recipe": "main" if fallback is None else fallback})
         if check["passed"]:
             return model_folder, metrics, {**quality, "guard": {**check, "tries": tries}}
     return None, metrics, {**quality, "guard": {**check, "tries": tries}}
+
+
+def _first_stage_bundle(out: Path, work: Path, threads: int | None) -> Path:
+    """The embeddings bundle a reranker is held to: the build's own (out/embeddings), else the embedded base
+    exported into work/FIRST_STAGE_FOLDER (once)."""
+    bundle = out / EMBEDDINGS_BUNDLE
+    if not (bundle / "bundle.json").is_file():
+        bundle = work / FIRST_STAGE_FOLDER / EMBEDDINGS_BUNDLE
+        if not (bundle / "bundle.json").is_file():
+            build_embeddings_bundle(bundle.parent, force=True, threads=threads)
+    return bundle
 
 
 def _data_folder(recipe: Recipe, data_root: Path, work: Path) -> Path:

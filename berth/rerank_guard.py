@@ -8,22 +8,14 @@ import math
 from pathlib import Path
 
 GUARD_METRIC = "mrr_at_10"
-FIRST_STAGE_FOLDER = "first-stage-embeddings"  # in --work: the embedded base exported for the guard
 
 
-def embeddings_dev_figures(dev_file: Path, out: Path, work: Path, threads: int | None) -> dict:
+def embeddings_dev_figures(dev_file: Path, bundle: Path, threads: int | None) -> dict:
     """The embeddings model's MRR@10 (with its standard error) ranking the candidates of every question of
-    `dev_file`, through its ONNX bundle as /v1/embed serves it: the build's own (out/embeddings) when there is one,
-    else the embedded base exported into work/FIRST_STAGE_FOLDER (once)."""
-    from berth.build_defaults import EMBEDDINGS_BUNDLE, build_embeddings_bundle
+    `dev_file`, through its ONNX bundle (`bundle`) as /v1/embed serves it."""
     from tasks.first_stage import embedding_rankings
     from tasks.rerank import mrr_standard_error, ranking_metrics, read_article_questions
 
-    bundle = out / EMBEDDINGS_BUNDLE
-    if not (bundle / "bundle.json").is_file():
-        bundle = work / FIRST_STAGE_FOLDER / EMBEDDINGS_BUNDLE
-        if not (bundle / "bundle.json").is_file():
-            build_embeddings_bundle(bundle.parent, force=True, threads=threads)
     examples = read_article_questions(dev_file)
     rankings, _ = embedding_rankings(bundle, examples, threads)
     relevant = [e.relevant for e in examples]

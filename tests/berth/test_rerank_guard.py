@@ -37,7 +37,7 @@ def test_a_fallback_must_override_recipe_fields_and_settings_only(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_reranker_that_does_not_beat_the_embeddings_model_is_not_shipped(tmp_path, base_path):
+def test_a_reranker_that_does_not_beat_the_embeddings_model_is_not_shipped(tmp_path, base_path, capsys):
     sentence_transformers = pytest.importorskip("sentence_transformers")
     model = sentence_transformers.SentenceTransformer(str(base_path), device="cpu")
     # Dev: 4 shipped dev questions whose own paragraph the embeddings model (sentence-transformers, the same
@@ -78,3 +78,8 @@ def test_a_reranker_that_does_not_beat_the_embeddings_model_is_not_shipped(tmp_p
     for attempt in guard["tries"]:
         assert attempt["embeddings"] == 1.0 and attempt["queries"] == 4 and attempt["passed"] is False
         assert 0 < attempt["reranker"] <= 1.0
+    # the next build (make run again) does not train it again for nothing; --force would
+    assert json.loads((work / "rerank-not-shipped.json").read_text(encoding="utf-8"))["passed"] is False
+    capsys.readouterr()
+    assert build_defaults(out, work, data_dir=data, precision="fp32", threads=2, recipes_file=recipes) == []
+    assert "rerank: not shipped by an earlier build" in capsys.readouterr().err
