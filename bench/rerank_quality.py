@@ -6,11 +6,17 @@ Every dev question ranks every paragraph of its article (its own paragraph is th
 - the bi-encoder: the `embeddings` bundle (all-MiniLM-L6-v2 as it is), cosine of question and paragraph vectors;
 - the cross-encoder: each `rerank` bundle given (fp32, int8...) reorders the bi-encoder's top `--candidates`
   (the rest keep the bi-encoder's order), through the task layer's served steps (windows, best window).
-MRR@10 and top-1 of each, and the bi-encoder's recall at the candidate depth (the cross-encoder's ceiling).
+MRR@10 (with its standard error) and top-1 of each, each ranker's MRR@10 minus the bi-encoder's (with the paired
+standard error: same questions), and the bi-encoder's recall at the candidate depth (the cross-encoder's ceiling).
 The questions are the first `--questions` of tasks.rerank.read_article_questions (round-robin over articles
 and paragraphs: every article has its share). Usage, from the repository root:
 
     .venv/bin/python -m bench.rerank_quality --rerank models/rerank /tmp/rerank-fp32 --questions 1000
+
+On the rerank recipe's own dev set (its questions carry the candidates they rank: the bi-encoder's top 5):
+
+    .venv/bin/python -m bench.rerank_quality --rerank models/rerank --dev data/samples/rerank/dev.json \
+        --questions 0 --candidates 5 --out bench/results/rerank_quality_dev.json
 """
 
 from __future__ import annotations
@@ -25,7 +31,15 @@ from typing import Any
 import numpy as np
 
 from bench.machine import machine_facts
-from tasks.rerank import RerankExample, RerankInput, RerankOptions, ranking_metrics, read_article_questions
+from tasks.first_stage import embedding_rankings, load_bundle_runner
+from tasks.rerank import (
+    RerankExample,
+    RerankInput,
+    RerankOptions,
+    mrr_standard_error,
+    ranking_metrics,
+    read_article_questions,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -47,43 +61,16 @@ def bm25_rankings(examples: list[RerankExample]) -> list[list[int]]:
     return rankings
 
 
-def load(folder: Path, threads: int) -> tuple[Any, Any, Any, str]:
-    """A bundle's spec, its ONNX Runtime session as the task layer's runner, its tokenizer, its precision."""
-    from tasks.bundle_checks import load_bundle
-    from tasks.runtime.onnx_session import create_session, onnx_item_runner
-    from tasks.runtime.tokenizer import load_tokenizer
-
-    bundle = load_bundle(folder)
-    session, _ = create_session(bundle.model_path, bundle.precision, threads, prefer_gpu=False)
-    return bundle.spec(), onnx_item_runner(session), load_tokenizer(bundle.tokenizer_path), bundle.precision
-
-
 def bi_encoder_rankings(folder: Path, examples: list[RerankExample], threads: int) -> tuple[list[list[int]], dict]:
-    from tasks.embedding import EmbedOptions
-    from tasks.registry import definition
-
-    spec, run, tokenizer, _ = load(folder, threads)
-    task = definition("embedding")
-    documents = list(dict.fromkeys(d for e in examples for d in e.documents))
-    queries = [e.query for e in examples]
-    embedded = task.predict(tokenizer, spec, documents + queries, run, EmbedOptions())
-    vectors = np.array([r["embedding"] for r in embedded], dtype=np.float32)
-    by_text = dict(zip(documents, vectors[: len(documents)]))
-    rankings = []
-    for example, query in zip(examples, vectors[len(documents):]):
-        scores = np.stack([by_text[d] for d in example.documents]) @ query
-        rankings.append(np.argsort(-scores, kind="stable").tolist())
-    facts = {"documents_embedded": len(documents),
-             "documents_truncated": sum(r["truncated"] for r in embedded[: len(documents)]),
-             "max_seq_length": spec.max_seq_length}
-    return rankings, facts
+    rankings, facts = embedding_rankings(folder, examples, threads)
+    return rankings, {**facts, "max_seq_length": load_bundle_runner(folder, 1)[0].max_seq_length}
 
 
 def cross_encoder_rankings(folder: Path, examples: list[RerankExample], first_stage: list[list[int]], depth: int,
                            threads: int, chunk: int = 50) -> tuple[list[list[int]], dict]:
     from tasks.registry import definition
 
-    spec, run, tokenizer, precision = load(folder, threads)
+    spec, run, tokenizer, precision = load_bundle_runner(folder, threads)
     task = definition("rerank")
     rankings, windows = [], 0
     for at in range(0, len(examples), chunk):
@@ -127,24 +114,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     def record(name: str, rankings: list[list[int]], started: float, **facts: Any) -> None:
         seconds = time.time() - started
-        rows[name] = {**ranking_metrics(rankings, [e.relevant for e in examples]), "seconds": round(seconds, 1),
-                      "questions_per_s": round(len(examples) / seconds, 2), **facts}
+        relevant = [e.relevant for e in examples]
+        rows[name] = {**ranking_metrics(rankings, relevant), "mrr_at_10_se": mrr_standard_error(rankings, relevant),
+                      "seconds": round(seconds, 1), "questions_per_s": round(len(examples) / seconds, 2), **facts}
+        if name != "bi-encoder" and "bi-encoder" in rows:  # the paired difference: same questions, same gold
+            rows[name]["minus_bi_encoder"] = rows[name]["mrr_at_10"] - rows["bi-encoder"]["mrr_at_10"]
+            rows[name]["minus_bi_encoder_se"] = mrr_standard_error(rankings, relevant, first_stage)
         print(f"{name}: MRR@10 {rows[name]['mrr_at_10']:.4f}, top-1 {rows[name]['top1']:.4f} ({seconds:.0f} s)",
               flush=True)
 
     started = time.time()
-    record("bm25", bm25_rankings(examples), started)
-    started = time.time()
     first_stage, facts = bi_encoder_rankings(args.embeddings, examples, args.threads)
     record("bi-encoder", first_stage, started, recall_at_candidates=recall_at(first_stage, examples, args.candidates),
            **facts)
+    started = time.time()
+    record("bm25", bm25_rankings(examples), started)
     for folder in args.rerank:
         started = time.time()
         rankings, facts = cross_encoder_rankings(folder, examples, first_stage, args.candidates, args.threads)
         record(f"cross-encoder {folder.name} ({facts['precision']})", rankings, started, **facts)
 
     result = {
-        "data": str(args.dev), "questions": len(examples), "articles": len({id(e.documents) for e in examples}),
+        "data": str(args.dev), "questions": len(examples),
         "candidates_per_question": round(float(np.mean([len(e.documents) for e in examples])), 1),
         "cross_encoder_depth": args.candidates, "rankers": rows, "rerank_bundles": [str(f) for f in args.rerank],
         "embeddings_bundle": str(args.embeddings), "machine": machine_facts(args.threads or None),
@@ -156,11 +147,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    lines = [f"{result['questions']} questions of {result['articles']} articles, "
-             f"{result['candidates_per_question']} candidate paragraphs per question on average",
-             "", "| ranker | MRR@10 | top-1 | questions/s |", "|---|---|---|---|"]
+    lines = [f"{result['questions']} questions, {result['candidates_per_question']} candidate paragraphs per question "
+             f"on average",
+             "", "| ranker | MRR@10 (± s.e.) | minus the bi-encoder's (± paired s.e.) | top-1 | questions/s |",
+             "|---|---|---|---|---|"]
     for name, row in result["rankers"].items():
-        lines.append(f"| {name} | {row['mrr_at_10']:.3f} | {row['top1']:.3f} | {row['questions_per_s']:.1f} |")
+        gain = (f"{row['minus_bi_encoder']:+.3f} (± {row['minus_bi_encoder_se']:.3f})" if "minus_bi_encoder" in row
+                else "")
+        lines.append(f"| {name} | {row['mrr_at_10']:.3f} (± {row['mrr_at_10_se']:.3f}) | {gain} | {row['top1']:.3f} "
+                     f"| {row['questions_per_s']:.1f} |")
     return "\n".join(lines)
 
 

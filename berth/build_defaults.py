@@ -22,6 +22,7 @@ import dataclasses
 import json
 import logging
 import resource
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -35,6 +36,8 @@ from tasks.shipped_samples import SAMPLES
 
 EXAMPLES = SAMPLES / "examples.json"  # model name -> example inputs written into its bundle (the playground's)
 RECORD_FILE = "build_record.json"  # in --work: per-model minutes (wall and CPU), dev metrics, floors, machine
+FIRST_STAGE_FOLDER = "first-stage-embeddings"  # in --work: the embedded base exported for the rerank guard
+NOT_SHIPPED_SUFFIX = "-not-shipped.json"  # in --work: a model its guard refused, with the verdict; not retrained
 log = logging.getLogger("berth.build_defaults")
 
 
@@ -77,6 +80,8 @@ class Recipe:
     select: str | None = None  # the dev metric that picks among the seeds' runs
     start_from: str | None = None  # another recipe whose fine-tuned model is this one's base (built before it)
     prepare: str | None = None  # a derived data set (DERIVED_DATA) made in work/<name>-data; train/dev name its files
+    beat_embeddings: bool = False  # the rerank guard: dev MRR@10 above the embeddings model's, else the fallbacks
+    fallbacks: tuple[dict, ...] = ()  # the next recipes when the guard fails: field overrides, options merged
 
 
 RECIPES = Path(__file__).resolve().parent / "recipes"  # the default recipes, as data: samples.yaml, research.yaml
@@ -101,11 +106,18 @@ def load_recipes(path: Path) -> list[Recipe]:
             raise ConfigError(f"{where}: needs name, task, train and dev")
         if unknown := sorted(set(entry) - known):
             raise ConfigError(f"{where}: unknown field(s) {', '.join(unknown)}")
-        for key in ("options", "more"):
-            if bad := sorted(set(entry.get(key) or {}) - set(FinetuneSettings.model_fields)):
+        fallbacks = entry.get("fallbacks") or []
+        if not isinstance(fallbacks, list) or not all(isinstance(f, dict) for f in fallbacks):
+            raise ConfigError(f"{where}: fallbacks must be a list of recipe field overrides")
+        for fallback in fallbacks:
+            if unknown := sorted((set(fallback) - known) | (set(fallback) & {"name", "fallbacks"})):
+                raise ConfigError(f"{where}: a fallback overrides no recipe field {', '.join(unknown)}")
+        for key, options in [("options", entry.get("options")), ("more", entry.get("more"))] + [
+                ("fallbacks options", f.get("options")) for f in fallbacks]:
+            if bad := sorted(set(options or {}) - set(FinetuneSettings.model_fields)):
                 raise ConfigError(f"{where}: {key} names no setting {', '.join(bad)}")
         values = {**entry, "floor": tuple(entry["floor"]) if entry.get("floor") else None,
-                  "seeds": tuple(entry.get("seeds") or ())}
+                  "seeds": tuple(entry.get("seeds") or ()), "fallbacks": tuple(fallbacks)}
         recipes.append(Recipe(**values))
     return recipes
 
@@ -142,10 +154,17 @@ def build_defaults(out: Path, work: Path, data_dir: Path | None = None, only: li
     automatic = precision == "auto"
     if automatic:
         precision = _default_precision()
-    todo = [r for r in recipes if force or not (out / r.name / "bundle.json").is_file()]
+    refused = {r.name: work / f"{r.name}{NOT_SHIPPED_SUFFIX}" for r in recipes}
+    todo = [r for r in recipes
+            if force or not ((out / r.name / "bundle.json").is_file() or refused[r.name].is_file())]
     for recipe in recipes:
-        if recipe not in todo:
+        if recipe in todo:
+            continue
+        if (out / recipe.name / "bundle.json").is_file():
             say(f"{recipe.name}: bundle exists, skipped ({out / recipe.name})")
+        else:
+            say(f"{recipe.name}: not shipped by an earlier build (its guard: {refused[recipe.name]}), skipped; "
+                f"--force trains it again")
     eta = Eta([r.minutes for r in todo])
     built_at = time.time()
     record = {"started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "precision": precision,
@@ -157,21 +176,36 @@ def build_defaults(out: Path, work: Path, data_dir: Path | None = None, only: li
         say(f"{tag}: fine-tuning {recipe.task} on {_data_folder(recipe, root, work) / recipe.train} "
             f"(expected ~{recipe.minutes:g} min on 2 idle cores; {eta.remaining_text()})")
         started, cpu_started = time.time(), _cpu_seconds()
-        model_folder, metrics, quality = _train_to_floor(recipe, root, work, threads, tag)
+        model_folder, metrics, quality = _train_guarded(recipe, root, out, work, threads, tag)
         bundle = out / recipe.name
-        _export(model_folder, bundle, precision, automatic, tag, examples.get(recipe.name))
-        _record_quality(bundle, quality)
+        if model_folder is not None:
+            refused[recipe.name].unlink(missing_ok=True)
+            _export(model_folder, bundle, precision, automatic, tag, examples.get(recipe.name))
+            _record_quality(bundle, quality)
+        else:
+            shutil.rmtree(bundle, ignore_errors=True)  # an earlier build's model is not left to be served either
+            # Kept so that the next `make run` does not train it again for nothing (--force does).
+            refused[recipe.name].write_text(json.dumps(quality["guard"], indent=2) + "\n", encoding="utf-8")
+            log.warning("%s: NOT SHIPPED: no recipe's reranker beat the embeddings model on its dev set (%s)",
+                        recipe.name, quality["guard"]["tries"])
         eta.done(time.time() - started)
         # CPU time says what the wall clock would have been on idle cores: on a shared machine it is the
         # figure to compare with the recipe's expected minutes.
         wall, cpu = (time.time() - started) / 60, (_cpu_seconds() - cpu_started) / 60
-        say(f"{tag}: done in {wall:.1f} min (CPU {cpu:.1f} min) -> {bundle} ({eta.remaining_text()})")
-        record["models"].append(_model_record(recipe, model_folder, bundle, metrics, quality, wall, cpu))
-        say(f"{tag}: trained on {record['models'][-1]['sizing']['why']}")
+        if model_folder is None:
+            say(f"{tag}: not shipped, after {wall:.1f} min (CPU {cpu:.1f} min) ({eta.remaining_text()})")
+            record["models"].append({"name": recipe.name, "task": recipe.task, "shipped": False,
+                                     "dev_metrics": metrics, "quality": quality, "wall_minutes": round(wall, 2),
+                                     "cpu_minutes": round(cpu, 2), "expected_minutes": recipe.minutes})
+        else:
+            say(f"{tag}: done in {wall:.1f} min (CPU {cpu:.1f} min) -> {bundle} ({eta.remaining_text()})")
+            record["models"].append(_model_record(recipe, model_folder, bundle, metrics, quality, wall, cpu))
+            say(f"{tag}: trained on {record['models'][-1]['sizing']['why']}")
         # Rewritten after each model, so an interrupted build keeps the record of what it finished.
         record.update(total_minutes=round((time.time() - built_at) / 60, 2), load_average_end=_load_average())
         (work / RECORD_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-        built.append(bundle)
+        if model_folder is not None:
+            built.append(bundle)
     if todo:
         say(f"built {len(todo)} bundle(s) in {record['total_minutes']:.1f} min; record: {work / RECORD_FILE}")
     return built
@@ -345,6 +379,47 @@ def _train_to_floor(recipe: Recipe, data_root: Path, work: Path, threads: int | 
             log.warning("%s: dev %s %s is BELOW ITS QUALITY FLOOR %s after %d rounds; the bundle is served "
                         "marked below_quality_floor", recipe.name, metric, metrics.get(metric), floor, rounds)
     return model_folder, metrics, quality
+
+
+def _train_guarded(recipe: Recipe, data_root: Path, out: Path, work: Path, threads: int | None,
+                   tag: str) -> tuple[Path | None, dict[str, float], dict]:
+    """_train_to_floor; for a recipe with the rerank guard (`beat_embeddings`), its check too, recorded as
+    `quality["guard"]`: a reranker whose dev MRR@10 is not above the embeddings model's on the same questions
+    is replaced by the recipe's fallbacks in turn. No model folder (None) when none of them beats it."""
+    model_folder, metrics, quality = _train_to_floor(recipe, data_root, work, threads, tag)
+    if not recipe.beat_embeddings:
+        return model_folder, metrics, quality
+    from berth.rerank_guard import embeddings_dev_figures, verdict, verdict_line
+
+    first_stage: dict[Path, dict] = {}  # dev file -> the embeddings model's figures on it
+    tries = []
+    for number, fallback in enumerate((None, *recipe.fallbacks)):
+        current = recipe
+        if fallback is not None:
+            current = dataclasses.replace(recipe, **{**fallback, "options": {**recipe.options,
+                                                                              **fallback.get("options", {})}})
+            say(f"{tag}: fallback {number} of {len(recipe.fallbacks)}: {fallback}")
+            model_folder, metrics, quality = _train_to_floor(current, data_root, work, threads, tag)
+        dev = _data_folder(current, data_root, work) / current.dev
+        if dev not in first_stage:
+            first_stage[dev] = embeddings_dev_figures(dev, _first_stage_bundle(out, work, threads), threads)
+        check = verdict(metrics, first_stage[dev])
+        say(f"{tag}: guard: {verdict_line(check)}")
+        tries.append({**check, "recipe": "main" if fallback is None else fallback})
+        if check["passed"]:
+            return model_folder, metrics, {**quality, "guard": {**check, "tries": tries}}
+    return None, metrics, {**quality, "guard": {**check, "tries": tries}}
+
+
+def _first_stage_bundle(out: Path, work: Path, threads: int | None) -> Path:
+    """The embeddings bundle a reranker is held to: the build's own (out/embeddings), else the embedded base
+    exported into work/FIRST_STAGE_FOLDER (once)."""
+    bundle = out / EMBEDDINGS_BUNDLE
+    if not (bundle / "bundle.json").is_file():
+        bundle = work / FIRST_STAGE_FOLDER / EMBEDDINGS_BUNDLE
+        if not (bundle / "bundle.json").is_file():
+            build_embeddings_bundle(bundle.parent, force=True, threads=threads)
+    return bundle
 
 
 def _data_folder(recipe: Recipe, data_root: Path, work: Path) -> Path:

@@ -14,8 +14,11 @@ import json
 import random
 import re
 import sys
+import tempfile
 from collections import Counter
 from pathlib import Path
+
+import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -78,6 +81,13 @@ RULE_PAIRS_SEED = "contrast-pairs-1"
 NER_REPEAT_SHARE = {"wikigold": 1.0, "btc": 0.5}
 NER_DROP_EMPTY_TWEETS = 0.6
 WORD = re.compile(r"[a-z0-9']+")
+# rerank: training questions (round-robin over the train articles; more than a 2-core budget reaches), the hard
+# negatives mined for each (the embeddings model's most similar excerpts of its article without its answer; the
+# trainer samples its `negatives` of them), and the candidates each dev question ranks (the embeddings model's
+# top paragraphs of its article, as a reranker behind it would get them).
+RERANK_TRAIN_QUESTIONS = 3000
+RERANK_HARD_NEGATIVES = 5
+RERANK_DEV_CANDIDATES = 5
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> None:
@@ -316,12 +326,76 @@ def squad(shared: Path, rng: random.Random) -> None:
     (out / "dev.json").write_text(json.dumps({"version": "1.1", "data": keep}, ensure_ascii=False), encoding="utf-8")
 
 
+def rerank(embeddings: Path) -> dict:
+    """data/samples/rerank from the squad sample just written, mined with the embeddings bundle `embeddings`.
+
+    train.json: RERANK_TRAIN_QUESTIONS questions of squad/train.json, each article's excerpts of them stored
+    once, each question with `hard_negatives`. dev.json: squad/dev.json's questions whose own paragraph is among
+    the embeddings model's top RERANK_DEV_CANDIDATES of its article, with those `candidates` (paragraph order);
+    the others (the first stage missed them: no reranker can help) are left out and counted."""
+    from tasks.first_stage import embed_texts
+    from tasks.rerank import read_article_questions
+
+    out = OUT / "rerank"
+    out.mkdir(parents=True, exist_ok=True)
+    chosen = read_article_questions(OUT / "squad" / "train.json")[:RERANK_TRAIN_QUESTIONS]
+    qa_of = {q["id"]: q for a in _squad_file(OUT / "squad" / "train.json") for p in a["paragraphs"] for q in p["qas"]}
+    by_article: dict[int, list] = {}
+    for example in chosen:
+        by_article.setdefault(id(example.documents), []).append(example)
+    excerpts = list(dict.fromkeys(e.documents[e.relevant[0]] for e in chosen))
+    vectors, _ = embed_texts(embeddings, excerpts + [e.query for e in chosen])
+    vector_of = dict(zip(excerpts, vectors[: len(excerpts)]))
+    query_vector = dict(zip((e.id for e in chosen), vectors[len(excerpts):]))
+    articles = []
+    for examples in by_article.values():
+        own = [e.documents[e.relevant[0]] for e in examples]
+        paragraphs = list(dict.fromkeys(own))
+        qas: dict[str, list] = {text: [] for text in paragraphs}
+        similarity = np.stack([vector_of[p] for p in paragraphs]) @ np.stack([query_vector[e.id] for e in examples]).T
+        for column, (example, text) in enumerate(zip(examples, own)):
+            answer = qa_of[example.id]["answers"][0]["text"].lower()
+            ranked = np.argsort(-similarity[:, column], kind="stable").tolist()
+            hard = [i for i in ranked if paragraphs[i] != text and answer not in paragraphs[i].lower()]
+            qas[text].append({**qa_of[example.id], "hard_negatives": hard[:RERANK_HARD_NEGATIVES]})
+        articles.append({"paragraphs": [{"context": p, "qas": qas[p]} for p in paragraphs]})
+    (out / "train.json").write_text(json.dumps({"version": "1.1", "data": articles}, ensure_ascii=False),
+                                    encoding="utf-8")
+
+    dev = _squad_file(OUT / "squad" / "dev.json")
+    kept = missed = 0
+    for article in dev:
+        contexts = [p["context"] for p in article["paragraphs"]]
+        questions = [q for p in article["paragraphs"] for q in p["qas"]]
+        vectors, _ = embed_texts(embeddings, contexts + [q["question"] for q in questions])
+        scores = vectors[len(contexts):] @ vectors[: len(contexts)].T
+        top = {q["id"]: sorted(np.argsort(-row, kind="stable")[:RERANK_DEV_CANDIDATES].tolist())
+               for q, row in zip(questions, scores)}
+        for number, paragraph in enumerate(article["paragraphs"]):
+            held = [q for q in paragraph["qas"] if number in top[q["id"]]]
+            missed += len(paragraph["qas"]) - len(held)
+            kept += len(held)
+            paragraph["qas"] = [{**q, "candidates": top[q["id"]]} for q in held]
+    (out / "dev.json").write_text(json.dumps({"version": "1.1", "data": dev}, ensure_ascii=False), encoding="utf-8")
+    return {"train questions": len(chosen), "train excerpts": len(excerpts), "dev questions": kept,
+            f"dev questions left out (own paragraph not in the embeddings model's top {RERANK_DEV_CANDIDATES})":
+            missed}
+
+
+def _squad_file(path: Path) -> list[dict]:
+    return json.loads(path.read_text(encoding="utf-8"))["data"]
+
+
 def main() -> None:
     shared = Path(sys.argv[1] if len(sys.argv) > 1 else "../shared/data")
     rng = random.Random(0)
     topics(shared, rng)
     mix = {"stsb": stsb(shared), "entities": entities(shared, rng)}
     squad(shared, rng)
+    with tempfile.TemporaryDirectory() as folder:
+        from berth.build_defaults import build_embeddings_bundle
+
+        mix["rerank"] = rerank(build_embeddings_bundle(Path(folder)))
     for path in sorted(OUT.rglob("*.*")):
         print(f"{path.relative_to(OUT)}: {path.stat().st_size:,} bytes")
     print(json.dumps(mix, indent=1))  # the mix SOURCES.md reports

@@ -140,30 +140,55 @@ def read_article_questions(path: str | Path) -> list[RerankExample]:
     """Every question of a SQuAD-format file with every distinct paragraph of its article as candidates: its
     own paragraph is the relevant one, those without its answer's text are its negatives. The questions come
     round-robin over articles and, within an article, over paragraphs, so that the first n of them (a dev
-    slice) spread over every article and paragraph. Unanswerable (SQuAD v2.0) questions are left out."""
+    slice) spread over every article and paragraph. Unanswerable (SQuAD v2.0) questions are left out.
+
+    Two optional fields of a question narrow that down (both lists of paragraph indices of its article):
+    `candidates`, the paragraphs it ranks (its own among them, in that order) instead of all of them, and
+    `hard_negatives`, its training negatives instead of every paragraph without its answer (both as mined by
+    scripts/make_samples.py)."""
     import json
 
     from tasks.qa import read_squad
 
     questions = {example.id: example for example in read_squad(path)}  # validated, with the file's place on error
     per_article = []
-    for article in json.loads(Path(path).read_text(encoding="utf-8"))["data"]:
-        documents = list(dict.fromkeys(paragraph["context"] for paragraph in article["paragraphs"]))
-        position = {text: i for i, text in enumerate(documents)}
-        lowered = [d.lower() for d in documents]
+    for a, article in enumerate(json.loads(Path(path).read_text(encoding="utf-8"))["data"]):
+        contexts = [paragraph["context"] for paragraph in article["paragraphs"]]
+        every = list(dict.fromkeys(contexts))
         per_paragraph = []
-        for paragraph in article["paragraphs"]:
+        for p, paragraph in enumerate(article["paragraphs"]):
             examples = []
-            for qa in paragraph["qas"]:
+            for n, qa in enumerate(paragraph["qas"]):
                 q = questions[qa["id"]]
                 if q.is_impossible:
                     continue
+                where = f"{path}: data[{a}].paragraphs[{p}].qas[{n}]"
+                documents = every
+                if "candidates" in qa:
+                    documents = list(dict.fromkeys(contexts[i] for i in _indices(qa["candidates"], contexts, where,
+                                                                                 "candidates")))
+                    if q.context not in documents:
+                        raise ValueError(f"{where}: 'candidates' must hold the question's own paragraph ({p})")
+                position = {text: i for i, text in enumerate(documents)}
                 own, answers = position[q.context], [text.lower() for text, _ in q.answers if text.strip()]
-                negatives = tuple(i for i, d in enumerate(lowered) if i != own and not any(a in d for a in answers))
+                pool = list(range(len(documents)))
+                if "hard_negatives" in qa:
+                    mined = _indices(qa["hard_negatives"], contexts, where, "hard_negatives")
+                    pool = [position[contexts[i]] for i in mined if contexts[i] in position]
+                negatives = tuple(i for i in dict.fromkeys(pool)
+                                  if i != own and not any(a in documents[i].lower() for a in answers))
                 examples.append(RerankExample(q.id, q.question, documents, (own,), negatives))
             per_paragraph.append(examples)
         per_article.append(_round_robin(per_paragraph))
     return _round_robin(per_article)
+
+
+def _indices(value: Any, paragraphs: list[str], where: str, name: str) -> list[int]:
+    """A question's list of paragraph indices, checked."""
+    if not isinstance(value, list) or not all(type(i) is int and 0 <= i < len(paragraphs) for i in value):
+        raise ValueError(f"{where}: '{name}' must be a list of paragraph indices of its article "
+                         f"(0 to {len(paragraphs) - 1})")
+    return value
 
 
 def _round_robin(groups: list[list]) -> list:
@@ -186,6 +211,17 @@ def ranking_metrics(rankings: Sequence[Sequence[int]], relevant: Sequence[Sequen
     mrr = sum(reciprocal_rank(r, g) for r, g in zip(rankings, relevant)) / len(rankings)
     top1 = sum(bool(r) and r[0] in g for r, g in zip(rankings, relevant)) / len(rankings)
     return {"mrr_at_10": mrr, "top1": top1, "queries": float(len(rankings))}
+
+
+def mrr_standard_error(rankings: Sequence[Sequence[int]], relevant: Sequence[Sequence[int]],
+                       baseline: Sequence[Sequence[int]] | None = None) -> float:
+    """The standard error of MRR@10 over these queries (of the mean of their reciprocal ranks: sample standard
+    deviation / sqrt(n)); with `baseline`, of the difference between the two rankers' MRR@10 on the same
+    queries (paired: per query, one reciprocal rank minus the other)."""
+    ranks = np.array([reciprocal_rank(r, g) for r, g in zip(rankings, relevant)])
+    if baseline is not None:
+        ranks = ranks - np.array([reciprocal_rank(r, g) for r, g in zip(baseline, relevant)])
+    return float(ranks.std(ddof=1) / np.sqrt(len(ranks))) if len(ranks) > 1 else float("nan")
 
 
 # Used by the parity gate when neither ../shared/data nor the shipped samples are there.

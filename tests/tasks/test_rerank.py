@@ -12,7 +12,14 @@ import pytest
 
 from tasks.common import InputFailed, InputTooLong
 from tasks.registry import definition
-from tasks.rerank import QueryTooLong, RerankInput, RerankOptions, ranking_metrics, read_article_questions
+from tasks.rerank import (
+    QueryTooLong,
+    RerankInput,
+    RerankOptions,
+    mrr_standard_error,
+    ranking_metrics,
+    read_article_questions,
+)
 from tasks.runtime.spec import TaskSpec
 
 RERANK = definition("rerank")
@@ -211,3 +218,69 @@ def test_parity_inputs_hold_the_questions_own_paragraph():
         gold = examples[raw.query]
         assert gold.documents[gold.relevant[0]] in raw.documents and 2 <= len(raw.documents) <= 8
     assert len(RERANK.parity_inputs(None, 3)) == 3
+
+
+def test_reader_ranks_only_a_questions_candidates_and_trains_on_its_mined_negatives(tmp_path):
+    path = _tiny_squad(tmp_path)
+    data = json.loads(path.read_text(encoding="utf-8"))
+    first, second = data["data"][0]["paragraphs"][0]["qas"]
+    first["candidates"] = [2, 0]  # the barley paragraph and its own, in that order; not the bridge one
+    second["hard_negatives"] = [2]
+    path.write_text(json.dumps(data), encoding="utf-8")
+    examples = {e.id: e for e in read_article_questions(path)}
+    castle = examples["a1-1"]
+    assert castle.documents == ["Farmers grow barley in the valley.", "The castle was built in 1120 by the river."]
+    assert castle.relevant == (1,) and castle.negatives == (0,)
+    assert examples["a1-2"].negatives == (2,) and len(examples["a1-2"].documents) == 3
+    assert len(examples["a2-1"].documents) == 3 and examples["a2-1"].negatives == (0, 2)  # no fields: as before
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("candidates", [1, 2], "must hold the question's own paragraph (0)"),
+    ("candidates", [0, 7], "'candidates' must be a list of paragraph indices of its article (0 to 2)"),
+    ("hard_negatives", "1", "'hard_negatives' must be a list of paragraph indices"),
+])
+def test_reader_refuses_candidates_and_negatives_that_are_not_its_articles_paragraphs(tmp_path, field, value,
+                                                                                       message):
+    path = _tiny_squad(tmp_path)
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data["data"][0]["paragraphs"][0]["qas"][0][field] = value
+    path.write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(ValueError) as refused:
+        read_article_questions(path)
+    assert message in str(refused.value) and "data[0].paragraphs[0].qas[0]" in str(refused.value)
+
+
+def test_mrr_standard_error_against_hand_computed_values():
+    # reciprocal ranks 1, 1/2, 0, 1/3: mean 11/24; sample variance sum((x - mean)^2) / 3
+    rankings, gold = [[0, 1], [1, 0], [2, 3], [2, 1, 0]], [(0,), (0,), (0,), (0,)]
+    ranks = [1, 1 / 2, 0, 1 / 3]
+    mean = sum(ranks) / 4
+    expected = math.sqrt(sum((x - mean) ** 2 for x in ranks) / 3 / 4)
+    assert mrr_standard_error(rankings, gold) == pytest.approx(expected)
+    # paired with a baseline that ranks every gold first: differences 0, -1/2, -1, -2/3
+    differences = [0, -1 / 2, -1, -2 / 3]
+    mean = sum(differences) / 4
+    paired = math.sqrt(sum((x - mean) ** 2 for x in differences) / 3 / 4)
+    assert mrr_standard_error(rankings, gold, [[0]] * 4) == pytest.approx(paired)
+
+
+def test_the_shipped_rerank_samples_hold_mined_candidates_and_negatives():
+    """dev: each question ranks 5 paragraphs of its article, its own among them; train: 3,000 questions, nearly
+    all with 5 mined negatives, none holding its answer's text."""
+    dev = read_article_questions(SAMPLES / "rerank" / "dev.json")
+    assert len(dev) == 414 and all(len(e.documents) == 5 for e in dev)
+    squad_dev = {e.id: e for e in read_article_questions(SAMPLES / "squad" / "dev.json")}
+    for example in dev:
+        own = squad_dev[example.id].documents[squad_dev[example.id].relevant[0]]
+        assert example.documents[example.relevant[0]] == own
+        assert set(example.documents) <= set(squad_dev[example.id].documents)
+    train = json.loads((SAMPLES / "rerank" / "train.json").read_text(encoding="utf-8"))["data"]
+    questions = [(article, q) for article in train for paragraph in article["paragraphs"] for q in paragraph["qas"]]
+    assert len(questions) == 3000
+    # a few questions' articles hold fewer than 3 excerpts without their answer: training leaves them out
+    assert sum(len(q["hard_negatives"]) < 3 for _, q in questions) <= 10
+    for article, q in questions:
+        answer = q["answers"][0]["text"].lower()
+        assert len(q["hard_negatives"]) <= 5
+        assert all(answer not in article["paragraphs"][i]["context"].lower() for i in q["hard_negatives"])
