@@ -117,11 +117,10 @@ class TreeSampler(threading.Thread):
 
 
 def measured(command: list[str], log: Path) -> dict:
-    """Run `berth ...` in a child; its wall and CPU seconds and memory peaks. Fails with its log on error."""
+    """Run `command` in a child; its wall and CPU seconds and memory peaks. Fails with its log on error."""
     started = time.time()
     with log.open("w") as out:
-        child = subprocess.Popen([sys.executable, "-m", "berth.cli", *command], stdout=out,
-                                 stderr=subprocess.STDOUT, cwd=REPO)
+        child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
     sampler = TreeSampler(child.pid)
     sampler.start()
     _, status, usage = os.wait4(child.pid, 0)
@@ -130,13 +129,14 @@ def measured(command: list[str], log: Path) -> dict:
     sampler.done.set()
     sampler.join()
     if child.returncode != 0:
-        raise RuntimeError(f"berth {' '.join(command)} failed ({child.returncode}):\n{log.read_text()[-3000:]}")
+        raise RuntimeError(f"{' '.join(command)} failed ({child.returncode}):\n{log.read_text()[-3000:]}")
     return {"wall_s": round(wall, 2), "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
             "ru_maxrss_mb": usage.ru_maxrss / 1024, **sampler.result()}
 
 
 def pretrain_command(corpus: Path, out: Path, args: argparse.Namespace) -> list[str]:
-    return ["pretrain", str(corpus), "--out", str(out), "--tokenizer", str(BASE_TOKENIZER),
+    return [sys.executable, "-m", "berth.cli", "pretrain", str(corpus), "--out", str(out),
+            "--tokenizer", str(BASE_TOKENIZER),
             "--encoding", "utf-8-or-latin-1", "--max-seq-length", str(args.max_seq_length), "--seed", "0",
             "--no-progress-bar"]
 
