@@ -4,9 +4,10 @@ The tweets are the text only of the Broad Twitter Corpus (every `btc/*.conll`) a
 (never its dev or test split), one tweet per line. `berth pretrain --base default` continues masked-LM on them for a
 fixed number of steps; then `berth finetune --task ner` on WNUT-17 (train: wnut17train.conll, dev:
 emerging.dev.conll) starts once from that model and once from the base itself, with the same fine-tuning budget
-and seeds. Every run is a real `berth` command in a child process. Two lanes run side by side (one thread each): the
-base's fine-tunings, and the pretraining followed by its fine-tunings. Writes bench/results/pretrain/dapt_wnut.json
-(the commands, the pretraining's record and each fine-tuning's dev metrics), rewritten after every run.
+and seeds. Every run is a real `berth` command in a child process of one thread: the base's fine-tunings run beside
+the pretraining, then those of the pretrained model. A run whose record is already in --work is kept (rerun the
+command after an interruption). Writes bench/results/pretrain/dapt_wnut.json (the commands, the pretraining's
+record and each fine-tuning's dev metrics).
 
     python -m bench.dapt_wnut --pretrain-steps 40 --finetune-steps 80 --seeds 1 2
 """
@@ -83,6 +84,28 @@ def summary(runs: list[dict]) -> dict:
     return out
 
 
+def collect(work: Path, args: argparse.Namespace) -> dict:
+    """The record of the runs finished in `work`: the pretraining's and each fine-tuning's own records."""
+    record = {"machine": machine_facts(threads=args.threads), "settings": {k: str(v) for k, v in vars(args).items()},
+              "tweets": json.loads((work / "tweets.json").read_text()),
+              "commands": {"pretrain": pretrain_args(work / "tweets", work / "dapt", args),
+                           "finetune": finetune_args("BASE", work / "ner-ARM-seedSEED", 0, args)},
+              "runs": []}
+    pretrained = work / "dapt" / "pretrain_run.json"
+    if pretrained.is_file():
+        run = json.loads(pretrained.read_text())
+        record["pretrain"] = {"head_warmup": run["head_warmup"], "heldout_eval": run["heldout_eval"],
+                              "learning_rate": run["learning_rate"], "train_tokens": run["train_tokens"],
+                              "data": run["data"], "train_result": run["train_result"]}
+    for path in sorted(work.glob("ner-*-seed*/finetune_run.json")):
+        arm, seed = path.parent.name.removeprefix("ner-").split("-seed")
+        run = json.loads(path.read_text())
+        record["runs"].append({"arm": arm, "seed": int(seed), "dev_metrics": run["dev_metrics"],
+                               "steps": run["schedule"]["steps"], "train_minutes": run["train_minutes"]})
+    record["summary"] = summary(record["runs"])
+    return record
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pretrain-steps", type=int, default=40)
@@ -90,60 +113,42 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--finetune-lr", type=float, default=1e-4)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--threads", type=int, default=1, help="per lane; two lanes run side by side")
-    parser.add_argument("--work", type=Path, default=None, help="folder for the runs (default: a temporary one)")
+    parser.add_argument("--threads", type=int, default=1, help="per process")
+    parser.add_argument("--work", type=Path, default=None,
+                        help="folder for the runs (default: a temporary one); a run whose record is there is kept")
+    parser.add_argument("--collect", action="store_true", help="run nothing: write the record of the runs in --work")
     parser.add_argument("--output", type=Path, default=RESULTS / "dapt_wnut.json")
     args = parser.parse_args(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="dapt-wnut-"))
     work.mkdir(parents=True, exist_ok=True)
-    tweets = work / "tweets"
-    record = {"machine": machine_facts(threads=args.threads), "work": str(work),
-              "tweets": write_tweets(DATA, tweets), "settings": vars(args) | {"work": str(work), "output": None},
-              "commands": {}, "runs": []}
-    lock = threading.Lock()
+    if not args.collect:
+        tweets = work / "tweets"
+        (work / "tweets.json").write_text(json.dumps(write_tweets(DATA, tweets)))
 
-    def save() -> None:
-        with lock:
-            record["summary"] = summary(record["runs"])
-            args.output.parent.mkdir(parents=True, exist_ok=True)
-            args.output.write_text(json.dumps(record, indent=1, default=str) + "\n")
+        def run(command: list[str], out: Path, record: str) -> None:
+            if not (out / record).is_file():
+                seconds = berth(command, out.with_suffix(".log"))
+                print(f"{out.name}: {seconds:.0f} s", flush=True)
 
-    def finetune(arm: str, base: str, seed: int) -> None:
-        out = work / f"ner-{arm}-seed{seed}"
-        command = finetune_args(base, out, seed, args)
-        seconds = berth(command, work / f"ner-{arm}-seed{seed}.log")
-        run = json.loads((out / "finetune_run.json").read_text())
-        with lock:
-            record["commands"].setdefault(f"finetune-{arm}", command)
-            record["runs"].append({"arm": arm, "seed": seed, "seconds": round(seconds, 1),
-                                   "dev_metrics": run["dev_metrics"], "steps": run["schedule"]["steps"],
-                                   "train_minutes": run["train_minutes"]})
-        print(f"{arm} seed {seed}: dev F1 {run['dev_metrics']['f1']:.4f} ({seconds:.0f} s)", flush=True)
-        save()
+        def finetune(arm: str, base: str, seed: int) -> threading.Thread:
+            out = work / f"ner-{arm}-seed{seed}"
+            return threading.Thread(target=run, args=(finetune_args(base, out, seed, args), out, "finetune_run.json"))
 
-    def dapt_lane() -> None:
-        out = work / "dapt"
-        command = pretrain_args(tweets, out, args)
-        seconds = berth(command, work / "dapt.log")
-        run = json.loads((out / "pretrain_run.json").read_text())
-        with lock:
-            record["commands"]["pretrain"] = command
-            record["pretrain"] = {"seconds": round(seconds, 1), "data": run.get("data"),
-                                  "head_warmup": run["head_warmup"], "heldout_eval": run["heldout_eval"],
-                                  "learning_rate": run["learning_rate"], "train_tokens": run["train_tokens"],
-                                  "train_result": run["train_result"]}
-        print(f"pretraining: {seconds:.0f} s", flush=True)
-        save()
-        for seed in args.seeds:
-            finetune("dapt", str(out), seed)
-
-    lanes = [threading.Thread(target=dapt_lane),
-             threading.Thread(target=lambda: [finetune("base", "default", s) for s in args.seeds])]
-    for lane in lanes:
-        lane.start()
-    for lane in lanes:
-        lane.join()
-    save()
+        # the base's fine-tunings beside the pretraining, then those of the pretrained model: one process each
+        first = [threading.Thread(target=run, args=(pretrain_args(tweets, work / "dapt", args), work / "dapt",
+                                                    "pretrain_run.json"))]
+        first += [finetune("base", "default", seed) for seed in args.seeds]
+        for thread in first:
+            thread.start()
+        first[0].join()
+        second = [finetune("dapt", str(work / "dapt"), seed) for seed in args.seeds]
+        for thread in second:
+            thread.start()
+        for thread in first[1:] + second:
+            thread.join()
+    record = collect(work, args)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(record, indent=1) + "\n")
     print(json.dumps(record["summary"], indent=1))
 
 
