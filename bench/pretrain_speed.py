@@ -15,7 +15,7 @@ berth, ...) so that the load of this shared machine falls on both; tokens/s is t
 training steps over the training loop's own time (berth's train_result, the Trainer's train_runtime), startup
 excluded. Writes bench/results/pretrain/speed.json.
 
-    python -m bench.pretrain_speed --steps 20 --batch-size 16 --seq-length 128 --threads 1 --repetitions 2
+    python -m bench.pretrain_speed --steps 12 --batch-size 16 --seq-length 128 --threads 1 --repetitions 1
 """
 
 from __future__ import annotations
@@ -97,8 +97,9 @@ def trainer_child(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as out:
         training = transformers.TrainingArguments(
             output_dir=out, max_steps=args.steps, per_device_train_batch_size=args.batch_size, learning_rate=5e-5,
-            warmup_ratio=0.05, weight_decay=0.01, max_grad_norm=1.0, use_cpu=True, save_strategy="no",
-            logging_strategy="no", report_to=[], dataloader_num_workers=0, seed=0, disable_tqdm=True)
+            warmup_steps=max(1, args.steps // 20), weight_decay=0.01, max_grad_norm=1.0, use_cpu=True,
+            save_strategy="no", logging_strategy="no", report_to=[], dataloader_num_workers=0, seed=0,
+            disable_tqdm=True)
         trainer = transformers.Trainer(model=model, args=training, train_dataset=rows, data_collator=counted)
         output = trainer.train()
     seconds = output.metrics["train_runtime"]
@@ -138,6 +139,12 @@ def main(argv: list[str] | None = None) -> None:
                 else:
                     runs[name].append(run_trainer(data, args, work / f"trainer-{rep}.log", work))
                 print(f"repetition {rep} {name}: {runs[name][-1]['tokens_per_s']:.0f} tokens/s", flush=True)
+            write_record(args, prepare, manifest, runs, started)
+
+
+def write_record(args: argparse.Namespace, prepare: list[str], manifest: dict, runs: dict[str, list[dict]],
+                 started: float) -> None:
+    """The record of the repetitions done so far, and their table."""
     ratios = [b["tokens_per_s"] / t["tokens_per_s"] for b, t in zip(runs["berth"], runs["trainer"])]
     record = {"machine": machine_facts(threads=args.threads),
               "settings": {k: str(v) for k, v in vars(args).items() if k not in ("trainer_child", "result")},
