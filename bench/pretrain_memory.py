@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -142,8 +143,41 @@ def pretrain_command(corpus: Path, out: Path, args: argparse.Namespace) -> list[
 
 
 def train_flags(args: argparse.Namespace) -> list[str]:
-    return ["--preset", args.preset, "--max-steps", str(args.steps), "--batch-size", str(args.batch_size),
-            "--threads", str(args.threads), "--log-every-steps", "10"]
+    flags = ["--preset", args.preset, "--max-steps", str(args.steps), "--batch-size", str(args.batch_size),
+             "--threads", str(args.threads), "--log-every-steps", "10"]
+    return flags + (["--eval-max-instances", str(args.eval_max_instances)] if args.eval_max_instances else [])
+
+
+def train_only(scale: int, args: argparse.Namespace, work: Path) -> dict:
+    """Measure the training of a folder prepared earlier (WORK/run-xSCALE, kept by a run that was stopped)."""
+    out = work / f"run-x{scale}"
+    corpus = CORPUS if scale == 1 else work / f"corpus-x{scale}"
+    result = measured(pretrain_command(corpus, out, args) + train_flags(args), work / f"train-x{scale}.log")
+    print(f"x{scale} train: {json.dumps(result)}", flush=True)
+    return result
+
+
+LINE = re.compile(r"^x(\d+) (?:prepare, (\d+) worker\(s\)|train): (\{.*\})$")
+PREPARED = re.compile(r"prepared (\d+) train and (\d+) held-out instances in (\d+) shards")
+
+
+def rows_from_log(text: str, work: Path) -> list[dict]:
+    """The rows of a run from the lines it printed (and its preparation logs in WORK), for a run measured in parts."""
+    rows: dict[int, dict] = {}
+    for line in text.splitlines():
+        match = LINE.match(line)
+        if not match:
+            continue
+        scale = int(match.group(1))
+        row = rows.setdefault(scale, {"scale": scale, "corpus_mb": corpus_bytes(CORPUS) * scale / MB,
+                                      "files": len(list(CORPUS.rglob("*.txt"))) * scale, "prepare": {}})
+        if match.group(2):
+            row["prepare"][match.group(2)] = json.loads(match.group(3))
+            found = PREPARED.search((work / f"prepare-x{scale}-w{match.group(2)}.log").read_text())
+            row["train_instances"], row["shards"] = int(found.group(1)), int(found.group(3))
+        else:
+            row["train"] = json.loads(match.group(3))
+    return [rows[k] for k in sorted(rows)]
 
 
 def measure_scale(scale: int, args: argparse.Namespace, work: Path) -> dict:
@@ -204,22 +238,37 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-seq-length", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--work", type=Path, default=None, help="temporary folder (default: one under /tmp)")
+    parser.add_argument("--eval-max-instances", type=int, default=None,
+                        help="training: held-out instances its final evaluation scores (default: all)")
+    parser.add_argument("--work", type=Path, default=None,
+                        help="where the temporary folder goes (default: /tmp); with --train-only or --from-log: "
+                             "the folder of a run stopped after its preparation")
+    parser.add_argument("--train-only", action="store_true",
+                        help="measure only the training of the folders prepared in --work, print its line")
+    parser.add_argument("--from-log", type=Path, default=None,
+                        help="write the record from the lines a run measured in parts printed")
     parser.add_argument("--output", type=Path, default=RESULTS / "memory.json")
     args = parser.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="pretrain-memory-", dir=args.work))
-    rows = []
-    try:
-        for scale in args.scales:
-            rows.append(measure_scale(scale, args, work))
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    if args.train_only or args.from_log:
+        work = args.work
+        if args.train_only:
+            for scale in args.scales:
+                train_only(scale, args, work)
+            return
+        rows = rows_from_log(args.from_log.read_text(), work)
+    else:
+        work = Path(tempfile.mkdtemp(prefix="pretrain-memory-", dir=args.work))
+        rows = []
+        try:
+            for scale in args.scales:
+                rows.append(measure_scale(scale, args, work))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
     record = {"machine": machine_facts(threads=args.threads),
-              "settings": {k: v for k, v in vars(args).items() if k not in ("work", "output")},
+              "settings": {k: str(v) for k, v in vars(args).items() if k not in ("work", "output")},
               "rows": rows,
               "spread_over_scales": {
-                  "prepare_peak_rss": flatness([{"v": max(p["ru_maxrss_mb"] for p in r["prepare"].values())}
-                                                for r in rows], "v"),
+                  "prepare_peak_rss": flatness([r["prepare"][str(args.workers)] for r in rows], "ru_maxrss_mb"),
                   "train_peak_rss": flatness([r["train"] for r in rows], "ru_maxrss_mb"),
                   "train_peak_anon": flatness([r["train"] for r in rows], "tree_peak_anon_mb")}}
     print_table(rows)
