@@ -98,8 +98,8 @@ def dapt_table(record: dict) -> str:
         lines.append(f"Continued pretraining: {record['tweets']['tweets']:,} tweets "
                      f"({record['tweets']['bytes'] / 1e6:.1f} MB), {p['head_warmup']['steps']} head-only steps then "
                      f"{t['steps']} steps of batch {record['settings']['batch_size']} at 64 tokens "
-                     f"(lr {p['learning_rate']:g}), {t['real_tokens']:,} real tokens, {t['elapsed_s'] / 60:.1f} minutes "
-                     f"of training on this shared machine; held-out MLM accuracy "
+                     f"(lr {p['learning_rate']:g}), {t['real_tokens']:,} real tokens, "
+                     f"{t['elapsed_s'] / 60:.1f} minutes of training on this shared machine; held-out MLM accuracy "
                      f"{100 * p['heldout_eval']['mlm_accuracy']:.1f}% (unigram baseline "
                      f"{100 * p['heldout_eval']['unigram_accuracy']:.1f}%).")
     return "\n".join(lines) + "\n" + machine_line(record)
