@@ -82,13 +82,18 @@ def main(argv: list[str] | None = None) -> int:
     if not args.into:
         print(table, end="")
         return 0
-    text = args.into.read_text(encoding="utf-8")
-    name = re.escape(args.block)
+    replace_block(args.into, args.block, table)
+    return 0
+
+
+def replace_block(path: Path, block: str, table: str) -> None:
+    """Rewrite the text between `<!-- generated:BLOCK -->` and `<!-- /generated:BLOCK -->` in the file at `path`."""
+    text = path.read_text(encoding="utf-8")
+    name = re.escape(block)
     pattern = re.compile(rf"(<!-- generated:{name} -->\n).*?(<!-- /generated:{name} -->)", re.S)
     if not pattern.search(text):
-        raise SystemExit(f"{args.into}: no <!-- generated:{args.block} --> block")
-    args.into.write_text(pattern.sub(lambda m: m.group(1) + table + m.group(2), text), encoding="utf-8")
-    return 0
+        raise SystemExit(f"{path}: no <!-- generated:{block} --> block")
+    path.write_text(pattern.sub(lambda m: m.group(1) + table + m.group(2), text), encoding="utf-8")
 
 
 if __name__ == "__main__":
