@@ -50,6 +50,13 @@ def training_unigram(instances: ShardedInstances, vocab: MaskingVocab) -> np.nda
 # --- evaluation ---------------------------------------------------------------------------------------
 
 
+def scored_indices(size: int, most: int | None) -> np.ndarray:
+    """All of a held-out split, or `most` instances spread evenly over it (every shard, not the first ones)."""
+    if most is None or most >= size:
+        return np.arange(size)
+    return np.unique(np.linspace(0, size - 1, most).round().astype(np.int64))
+
+
 def evaluate_pretraining(
     model, dataset: PretrainingDataset, unigram: np.ndarray | None = None, batch_size: int = 64,
     max_instances: int | None = None, device: str | None = None,
@@ -66,7 +73,8 @@ def evaluate_pretraining(
 
     from training.model import BertForPreTraining
 
-    n = len(dataset) if max_instances is None else min(len(dataset), max_instances)
+    indices = scored_indices(len(dataset), max_instances)
+    n = len(indices)
     device = device or next(model.parameters()).device
     wants_nsp = isinstance(model, BertForPreTraining)
     sums = {"mlm_loss": 0.0, "mlm_correct": 0.0, "masked": 0, "nsp_loss": 0.0, "nsp_correct": 0.0, "nsp_pairs": 0}
@@ -76,7 +84,7 @@ def evaluate_pretraining(
     try:
         with torch.no_grad():
             for start in range(0, n, batch_size):
-                items = [dataset[i] for i in range(start, min(n, start + batch_size))]
+                items = [dataset[int(i)] for i in indices[start:start + batch_size]]
                 batch = collate(items)
                 labels_seen.append(batch["labels"].numpy()[batch["labels"].numpy() != IGNORE_INDEX])
                 if not wants_nsp:

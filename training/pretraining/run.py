@@ -25,6 +25,7 @@ from training.pretraining.evaluation import (
     RUN_FILE,
     evaluate_pretraining,
     heldout_dataset,
+    scored_indices,
     training_unigram,
     with_token_name,
     write_eval,
@@ -157,9 +158,11 @@ def _train_and_save(settings: PretrainSettings, tokenizer, data: list[PreparedDa
         return {}
     final: dict[str, float] = {}
     if heldout is not None:
-        capped = settings.eval_max_instances is not None
-        final = dict(latest) if latest and not capped else evaluate_pretraining(
-            model, heldout, counts, settings.eval_batch_size)
+        counted = len(heldout)
+        same = len(scored_indices(counted, settings.eval_max_instances)) == \
+            len(scored_indices(counted, settings.final_eval_max_instances))  # the last evaluation scored these
+        final = dict(latest) if latest and same else evaluate_pretraining(
+            model, heldout, counts, settings.eval_batch_size, settings.final_eval_max_instances)
         final = with_token_name(final, tokenizer)
         write_eval(out, final, "held-out split of the training corpus")
     model.cpu()

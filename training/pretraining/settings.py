@@ -95,7 +95,11 @@ class PretrainSettings(TrainLoopSettings):
                                 "the same positions)")
     eval_batch_size: int = Field(64, gt=0, description="sequences per held-out evaluation batch")
     eval_max_instances: int | None = Field(None, gt=0, description="held-out instances scored by the evaluations "
-                                           "during training (the final one scores all)")
+                                           "during training, spread evenly over the split (the final one: see "
+                                           "final_eval_max_instances)")
+    final_eval_max_instances: int | None = Field(20_000, gt=0, description="held-out instances the final evaluation "
+                                                 "scores, spread evenly over the split (a large corpus holds out "
+                                                 "millions); unset: all")
     dist_timeout_minutes: float = Field(10.0, gt=0, description="torchrun: how long a process waits for the others "
                                         "(at start-up or any collective) before it fails")
     # -- the loop's defaults for pretraining

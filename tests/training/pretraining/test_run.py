@@ -267,3 +267,12 @@ def test_two_phase_schedule_trains_the_longer_positions(corpus, tmp_path):
     # Phase-2 batches are real 64-token instances: far more than 32 real tokens per example.
     assert phase2["real_tokens"] / (phase2["steps"] * 16) > 40
     assert record["train_result"]["real_tokens"] / (6 * 16) <= 32
+
+
+def test_a_capped_evaluation_scores_instances_spread_over_the_whole_split():
+    from training.pretraining.evaluation import scored_indices
+
+    assert list(scored_indices(5, None)) == [0, 1, 2, 3, 4] and list(scored_indices(5, 9)) == [0, 1, 2, 3, 4]
+    picked = scored_indices(1_000_000, 1_000)
+    assert len(picked) == 1_000 and picked[0] == 0 and picked[-1] == 999_999  # the first shard and the last
+    assert np.all(np.diff(picked) >= 1000)
