@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,9 +133,12 @@ def _label(value: Any, regression: bool, path: str | Path, line: int) -> Label:
         return None
     if regression:
         try:
-            return float(value)
+            number = float(value)
         except (TypeError, ValueError):
             raise _error(path, line, f"label {value!r} is not a number (regression)") from None
+        if not math.isfinite(number):
+            raise _error(path, line, f"label {value!r} is not a finite number (regression)")
+        return number
     if isinstance(value, (dict, list)):
         raise _error(path, line, f"label {value!r} is not a single value")
     return str(value).strip()
@@ -177,7 +181,7 @@ def _table_rows(path: str | Path, delimiter: str, bad: BadRows) -> Iterator[tupl
         except csv.Error as error:  # e.g. a quoted field left open at the end of the file
             raise _error(path, reader.line_num, f"not a valid CSV: {error}") from None
         if header is None:
-            raise _error(path, 0, "empty file: expected a header line")
+            raise _error(path, 1, "empty file: expected a header line")
 
 
 def _jsonl_rows(path: str | Path, bad: BadRows) -> Iterator[tuple[int, dict[str, Any]]]:

@@ -60,7 +60,7 @@ from training.distributed import (
     setup_distributed,
     teardown_distributed,
 )
-from training.errors import UserFacingError
+from training.errors import TrainingDiverged
 from training.metrics_log import METRICS_FILE, MetricsLog, Window, batch_size_of, merge_windows
 from training.optimizer import (
     build_optimizer,
@@ -86,10 +86,6 @@ log = logging.getLogger(__name__)
 
 SETTINGS_FILE = "train_settings.json"
 FINAL_MODEL_DIR = "final_model"
-
-
-class TrainingDiverged(UserFacingError):
-    """A loss or a gradient norm that is not finite, more often than the settings allow."""
 
 
 @dataclass
