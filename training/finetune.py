@@ -290,8 +290,9 @@ def staged_model(out: Path, staging: Path):
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     try:
-        with disk_errors(out, "the fine-tuned model", f"the training state is kept in {out / STATE_DIR}: run the "
-                                                        "same command again with more space to save it"):
+        kept = (f"{out} is as it was, and the training state is kept in {out / STATE_DIR}: free some space and run "
+                "the same command again to save the model")
+        with disk_errors(out, "the fine-tuned model", kept):
             yield staging
             publish_files(staging, out, marker=TASK_FILE)
     finally:

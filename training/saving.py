@@ -20,11 +20,12 @@ from typing import Any
 from training.errors import UserFacingError
 
 FREE_SPACE_MARGIN = 1.05  # a save's known size, plus what the file formats add around the tensors
-_REFUSED = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up",
-            errno.EFBIG: "a file would pass the size limit"}
-# torch.save reports a refused write as a RuntimeError of its zip writer, without the errno.
-_REFUSED_WORDS = ("no space left", "disk quota", "file too large", "unexpected pos", "os error 28", "os error 27",
-                  "os error 122")
+_FULL, _QUOTA, _TOO_LARGE = "the disk is full", "the disk quota is used up", "a file would pass the file size limit"
+_REFUSED = {errno.ENOSPC: _FULL, errno.EDQUOT: _QUOTA, errno.EFBIG: _TOO_LARGE}
+# safetensors says it in words; torch.save only as a RuntimeError of its zip writer ("unexpected pos").
+_REFUSED_WORDS = {"no space left": _FULL, "os error 28": _FULL, "disk quota": _QUOTA, "os error 122": _QUOTA,
+                  "file too large": _TOO_LARGE, "os error 27": _TOO_LARGE,
+                  "unexpected pos": "the write stopped short (a full disk, a quota or a file size limit)"}
 
 
 def megabytes(size: float) -> str:
@@ -68,8 +69,9 @@ def refused_write(error: BaseException) -> str | None:
         if isinstance(current, OSError) and current.errno in _REFUSED:
             return _REFUSED[current.errno]
         text = str(current).lower()
-        if any(word in text for word in _REFUSED_WORDS):
-            return "the write was refused (a full disk, a quota or a file size limit)"
+        for words, reason in _REFUSED_WORDS.items():
+            if words in text:
+                return reason
         current = current.__cause__ or current.__context__
     return None
 

@@ -427,7 +427,7 @@ class _Run:
         self.scaler.update()  # a no-op in fp32 and bf16
         self.nonfinite_steps += 1
         step = self.step + 1
-        values = ", ".join(f"{key} {float(value):g}" for key, value in logged if key in ("loss", "grad_norm"))
+        values = ", ".join(f"{key} {float(value.detach()):g}" for key, value in logged if key in ("loss", "grad_norm"))
         if self.nonfinite_steps <= self.settings.max_nonfinite_steps:
             self.scheduler.step()
             log.warning("step %d: %s; skipped (%d of the %d non-finite steps allowed)", step, values,
