@@ -160,6 +160,9 @@ class ClassificationAdapter(TaskAdapter):
             return TaskSpec(task=s.task, labels=[], problem_type="regression",
                             max_seq_length=s.effective_max_seq_length())
         labels = s.labels or list(common.LabelSet.from_data(e.label for e in train))
+        unknown = sorted({str(e.label) for e in train} - set(labels))
+        if unknown:  # found here, before training, rather than at the first batch that holds one
+            raise UserFacingError(f"{s.train_file}: labels {unknown} are not among --labels {labels}")
         return TaskSpec(task=s.task, labels=labels, problem_type="single_label_classification",
                         max_seq_length=s.effective_max_seq_length())
 

@@ -86,6 +86,11 @@ def test_an_empty_file_a_base_that_is_no_checkpoint_and_too_long_sequences(tmp_p
                                                                "the 512 positions of the base")
     assert "Traceback" not in done.stderr
 
+    done = berth("finetune", *TINY, "--train", str(train), "--out", str(tmp_path / "out"), "--labels", "people,places")
+    assert done.returncode == 2 and last_line(done) == (
+        f"berth finetune: {train}: labels ['arts_media', 'science_tech', 'society'] are not among --labels "
+        "['people', 'places']")
+
     debugged = berth("finetune", *TINY, "--train", str(empty), "--out", str(tmp_path / "out"), debug=True)
     assert debugged.returncode == 1 and "Traceback" in debugged.stderr
 
