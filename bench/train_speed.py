@@ -10,7 +10,7 @@ parameter names match), then:
 2. **Speed**: a full fp32 training step as `training.trainer` takes it (forward, backward, clip
    the gradient norm to 1, its fused AdamW step, zero_grad), the same for both, on real masked-LM
    batches: pairs from the inaugural-address corpus built by our pretraining pipeline
-   (`training.pretraining_data`: NSP pairs, 15% of tokens chosen, 80/10/10 masking, padded to
+   (`training.pretraining.data`: NSP pairs, 15% of tokens chosen, 80/10/10 masking, padded to
    the sequence length), the same batches in the same order for every contestant. Warm-up steps
    are not timed; then the contestants take turns, one repetition each, the order reversed every
    repetition, so that the load of the other users of this shared machine falls on all of them
@@ -103,20 +103,17 @@ def pretraining_batches(batch_size: int, seq_len: int, count: int, seed: int = 0
     From the real corpus when ../shared/data is present; otherwise random token ids at full length
     with the same masking (the tokens/s are comparable, the padding share is not).
     """
-    from training.pretraining_data import (
-        MaskingSettings,
-        MaskingVocab,
-        PretrainingDataset,
-        PretrainingInstances,
-        build_pretraining_instances,
-        collate,
-    )
+    from training.pretraining.corpus import read_documents
+    from training.pretraining.data import PretrainingDataset, collate
+    from training.pretraining.instances import PretrainingInstances, build_pretraining_instances
+    from training.pretraining.masking import MaskingSettings, MaskingVocab
 
     tokenizer = load_tokenizer(BASE_CHECKPOINT)
     masking = MaskingSettings(max_predictions_per_seq=PREDICTIONS_PER_SEQUENCE.get(seq_len, round(0.15 * seq_len)))
     needed = batch_size * count
     if CORPUS.is_dir():
-        instances, _ = build_pretraining_instances(CORPUS, tokenizer, max_seq_length=seq_len, seed=seed)
+        instances, _ = build_pretraining_instances(read_documents(CORPUS, encoding="utf-8-or-latin-1"), tokenizer,
+                                                   max_seq_length=seq_len, seed=seed)
         source = f"{CORPUS.relative_to(REPO.parent)} (real NSP pairs, padded)"
     else:
         rng = np.random.default_rng(seed)

@@ -4,6 +4,7 @@ circles) hold, as `lint-imports` (import-linter, the real tool) checks them over
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -40,3 +41,21 @@ def test_the_runtime_floor_contract_names_every_module_above_it():
               if path.is_dir() and (path / "__init__.py").is_file() and path.name != "runtime"}
     assert floor["source_modules"] == ["tasks.runtime"]
     assert set(floor["forbidden_modules"]) == above
+
+
+@pytest.mark.parametrize("module, planted, contract", [
+    ("training/pretraining/corpus.py", "import training.finetune", "pretraining-room"),
+    ("training/trainer.py", "import training.pretraining.run", "loop-knows-no-job"),
+])
+def test_a_planted_import_breaks_its_contract(tmp_path, module, planted, contract):
+    """Each room's contract fails on an import it forbids, planted in a copy of the tree."""
+    lint_imports = Path(sys.executable).with_name("lint-imports")
+    skip = shutil.ignore_patterns("results", "__pycache__", "*.png", "*.onnx")
+    for name in ("berth", "export", "service", "training", "predict", "tasks", "bench", "tests"):
+        shutil.copytree(ROOT / name, tmp_path / name, ignore=skip)
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    with open(tmp_path / module, "a", encoding="utf-8") as f:
+        f.write(f"\n{planted}  # planted\n")
+    result = subprocess.run([str(lint_imports), "--no-cache", "--contract", contract], cwd=tmp_path, timeout=120,
+                            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert result.returncode != 0 and "BROKEN" in result.stdout, result.stdout + result.stderr

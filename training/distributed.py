@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
+import time
 from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -46,8 +50,11 @@ def resolve_device(preference: str, local_rank: int = 0) -> torch.device:
     return device
 
 
-def setup_distributed(device_preference: str = "auto") -> DistContext:
-    """Join the process group described by torchrun's environment (or none: one process, rank 0)."""
+def setup_distributed(device_preference: str = "auto", timeout_minutes: float | None = None) -> DistContext:
+    """Join the process group described by torchrun's environment (or none: one process, rank 0).
+
+    `timeout_minutes`: how long a collective (a barrier, a gradient all-reduce) waits for a missing process
+    before it fails instead of hanging (unset: torch's default, 10 minutes for NCCL, 30 for gloo)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -59,7 +66,8 @@ def setup_distributed(device_preference: str = "auto") -> DistContext:
     initialized_here = False
     if not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend, rank=rank, world_size=world_size)
+        timeout = {"timeout": timedelta(minutes=timeout_minutes)} if timeout_minutes else {}
+        dist.init_process_group(backend=backend, rank=rank, world_size=world_size, **timeout)
         initialized_here = True
         if rank == 0:
             log.info("distributed: %s backend, world size %d", backend, world_size)
@@ -116,3 +124,31 @@ def broadcast_object(ctx: DistContext, obj: Any) -> Any:
     holder = [obj]
     dist.broadcast_object_list(holder, src=0)
     return holder[0]
+
+
+def check_shared_folder(ctx: DistContext, folder: Path) -> None:
+    """Every rank must see what rank 0 writes into `folder` (the prepared data, the checkpoints to resume): rank 0
+    writes a token there and every rank reads it back. On a folder that is not shared between machines, every
+    rank fails with one line naming the hosts that did not see it, instead of training apart or hanging later."""
+    if not ctx.enabled:
+        return
+    from training.errors import UserFacingError
+
+    marker = folder / ".berth-shared-check"
+    token = f"{socket.gethostname()}:{os.getpid()}:{time.time_ns()}"
+    if ctx.is_main:
+        folder.mkdir(parents=True, exist_ok=True)
+        marker.write_text(token, encoding="utf-8")
+    token = broadcast_object(ctx, token)
+    try:
+        seen = marker.read_text(encoding="utf-8") == token
+    except OSError:
+        seen = False
+    views = gather_objects(ctx, (seen, socket.gethostname(), ctx.rank))
+    barrier(ctx)
+    if ctx.is_main:
+        marker.unlink(missing_ok=True)
+    blind = [f"rank {rank} on {host}" for ok, host, rank in views if not ok]
+    if blind:
+        raise UserFacingError(f"{folder} is not shared between the machines: {', '.join(blind)} cannot see what "
+                              "rank 0 wrote there; give every node the same --out on a shared filesystem")

@@ -60,7 +60,7 @@ from training.distributed import (
     setup_distributed,
     teardown_distributed,
 )
-from training.errors import TrainingDiverged
+from training.errors import TrainingDiverged, UserFacingError
 from training.metrics_log import METRICS_FILE, MetricsLog, Window, batch_size_of, merge_windows
 from training.optimizer import (
     build_optimizer,
@@ -247,10 +247,13 @@ class _Run:
         if folder is None:
             return None
         state = load_training_state(folder)
-        saved = {"group_by_length": False, "length_group_batches": None, **state["geometry"]}  # older checkpoints
+        # older checkpoints lack the later keys
+        saved = {"group_by_length": False, "length_group_batches": None, "data": None, **state["geometry"]}
         here = self._geometry()
         if saved != here:
-            raise ValueError(f"cannot resume {folder} exactly: it was written with {saved}, this run has {here}")
+            changed = ", ".join(f"{k} {saved.get(k)!r} -> {here.get(k)!r}" for k in here if saved.get(k) != here.get(k))
+            raise UserFacingError(f"cannot resume {folder} exactly: {changed} since it was written; run again with "
+                                  "resume never (--no-resume) to start over, or another output folder")
         if state["seed"] != s.seed:
             log.warning("resuming %s written with seed %d under seed %d", folder, state["seed"], s.seed)
         _unwrap(self.model).load_state_dict(state["model"])
@@ -271,13 +274,21 @@ class _Run:
                      self.micro_done)
         return folder
 
+    def _epoch_batches(self, epoch: int, rank: int, world_size: int) -> Sequence[list[int]]:
+        """This rank's micro-batches of `epoch`: the dataset's own order when it makes one (prepared pretraining
+        shards, read on demand), else a permutation of all examples (training/data_order.py)."""
+        own = getattr(self.dataset, "epoch_batches", None)
+        if own is not None:
+            return own(epoch, rank, world_size, self.settings.batch_size, self.settings.seed)
+        return epoch_batches(self.plan.examples, self.settings, epoch, rank, world_size, self.lengths)
+
     def _measure_precision(self) -> None:
         """precision auto on a CPU with native bf16: time this run's own first and middle micro-batches in
         fp32 and bf16 and train in the faster. Rank 0 measures, every rank follows; the weights and the random
         state are left as they were."""
         record = None
         if self.ctx.is_main:
-            order = epoch_batches(self.plan.examples, self.settings, 0, lengths=self.lengths)
+            order = self._epoch_batches(0, rank=0, world_size=1)
             picks = [order[i] for i in sorted({0, len(order) // 2})]  # a probe costs ~12 steps' time
             with preserved_rng():
                 batches = [{k: v.to(self.device) if isinstance(v, torch.Tensor) else v
@@ -340,10 +351,10 @@ class _Run:
     def _train_epoch(self, window: Window) -> str | None:
         """Train from the current position to the end of the epoch (or of the run). Why it stopped early:
         "max_minutes" (out of time) or "callback" (a callback asked after an evaluation); else None."""
-        s, plan = self.settings, self.plan
+        s = self.settings
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(self.epoch)
-        batches = epoch_batches(plan.examples, s, self.epoch, self.ctx.rank, self.ctx.world_size, self.lengths)
+        batches = self._epoch_batches(self.epoch, self.ctx.rank, self.ctx.world_size)
         loader = torch.utils.data.DataLoader(
             self.dataset, batch_sampler=batches[self.micro_done :], collate_fn=self.collate,
             num_workers=s.num_workers, pin_memory=self.device.type == "cuda",
@@ -610,7 +621,8 @@ class _Run:
         s = self.settings
         return {"world_size": self.ctx.world_size, "batch_size": s.batch_size, "grad_accum_steps": s.grad_accum_steps,
                 "examples": self.plan.examples, "group_by_length": s.group_by_length,
-                "length_group_batches": s.length_group_batches if s.group_by_length else None}
+                "length_group_batches": s.length_group_batches if s.group_by_length else None,
+                "data": getattr(self.dataset, "fingerprint", None)}
 
     def _effective_batch(self) -> int:
         return self.settings.batch_size * self.settings.grad_accum_steps * self.ctx.world_size

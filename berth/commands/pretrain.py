@@ -5,63 +5,76 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
 from berth.config_files import add_config_flag, fail, settings_from_args, write_config
 from berth.flags import add_settings_flags
 from training.config import PRESETS
-from training.settings import PretrainSettings
+from training.pretraining.settings import PretrainSettings
 
 EXAMPLES = """examples:
   # $DATA: your data folder, laid out as docs/data.md says (where each public set comes from, its license)
-  # the CPU recipe of docs/PRETRAINING.md: a 30k vocabulary trained on the corpus, the mini model
+  # continue masked-LM pretraining of the embedded all-MiniLM-L6-v2 on your domain's text (its own tokenizer and
+  # shape; its missing MLM head is trained alone first), then fine-tune the result
+  berth pretrain my_tweets/ --out runs/dapt --base default --max-minutes 30 --workers 2
+  berth finetune --task ner --base runs/dapt --train $DATA/wnut17/wnut17train.conll --out runs/wnut
+
+  # a large corpus: prepare the shards once with every core (a rerun keeps the shards already done), then train
+  berth pretrain corpus/ --out runs/big --base default --workers 8 --prepare-only
+  berth pretrain corpus/ --out runs/big --base default --max-steps 100000 --save-every-steps 1000
+
+  # on several machines: the same command on each, OUT on a filesystem they share (docs/PRETRAINING.md)
+  torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
+      -m berth.cli pretrain corpus/ --out /shared/runs/big --base default --max-steps 100000
+
+  # from scratch, the CPU recipe of docs/PRETRAINING.md: a 30k vocabulary trained on the corpus, the mini model
   # (L4/H256/A4), 128-token sequences, 40 minutes at most
   berth pretrain $DATA/pretraining --out runs/pretrain-mini --preset mini --vocab-size 30522 \\
-      --batch-size 32 --lr 5e-4 --max-steps 2000 --max-minutes 40 --threads 2
+      --encoding utf-8-or-latin-1 --batch-size 32 --lr 5e-4 --max-steps 2000 --max-minutes 40 --threads 2
 
   # the paper's ablation on the same corpus: masked LM only, single segments, no NSP head
   berth pretrain $DATA/pretraining --out runs/pretrain-mini-nonsp --no-nsp --max-minutes 40
 
-  # reuse a vocabulary and give the size explicitly (L layers, H hidden, A heads)
-  berth pretrain my_texts/ --out runs/mine --tokenizer runs/pretrain-mini --layers 6 --hidden 384 --heads 6
-
   # held-out MLM and NSP accuracy of a finished run (same masked positions every time)
   berth pretrain --eval-only --out runs/pretrain-mini
 
-  # then fine-tune it like any BERT folder
-  berth finetune --task classification --base runs/pretrain-mini --train $DATA/sst2/train.tsv --out runs/sst2
-
 The output folder is a Hugging Face model folder (config.json, model.safetensors with the pretraining
-heads, tokenizer.json, vocab.txt) plus pretrain_run.json (settings, seed, git revision, data sizes,
-final held-out metrics), pretrain_eval.json, metrics.jsonl and checkpoints/ (the resumable training
-states; run the same command again to resume, `berth plot` to draw the curves). Delete checkpoints/
-when done to keep only the model.
+heads, tokenizer.json, vocab.txt) plus pretrain_run.json (settings, seed, git revision, base and its
+digest, data, final held-out metrics), pretrain_eval.json, metrics.jsonl, data/ (the prepared shards and
+their manifest) and checkpoints/ (the resumable training states; run the same command again to resume,
+`berth plot` to draw the curves). Delete data/ and checkpoints/ when done to keep only the model.
 """
 
 FLAG_NAMES = {  # the flags' short names; every other setting is --its-name
     "corpus_format": "--format", "lowercase": "--cased", "num_layers": "--layers", "hidden_size": "--hidden",
     "num_heads": "--heads", "intermediate_size": "--intermediate", "learning_rate": "--lr",
-    "grad_accum_steps": "--grad-accum", "num_threads": "--threads",
+    "grad_accum_steps": "--grad-accum", "num_threads": "--threads", "nsp": "--no-nsp",
 }
 GROUPS = {
-    "corpus": ["corpus", "out", "corpus_format", "max_document_chars", "heldout_fraction"],
-    "tokenizer": ["tokenizer", "vocab_size", "lowercase", "min_frequency"],
-    "model": ["preset", "num_layers", "hidden_size", "num_heads", "intermediate_size"],
+    "corpus": ["corpus", "out", "corpus_format", "max_document_chars", "heldout_fraction", "encoding", "bad_lines"],
+    "preparation": ["workers", "shard_mb", "shuffle_window", "prepare_only"],
+    "continued pretraining": ["base", "head_warmup_steps", "head_warmup_learning_rate"],
+    "tokenizer (a new model)": ["tokenizer", "vocab_size", "lowercase", "min_frequency"],
+    "model (a new model)": ["preset", "num_layers", "hidden_size", "num_heads", "intermediate_size"],
     "objective": ["nsp", "max_seq_length", "masked_lm_prob", "max_predictions_per_seq", "whole_word_mask",
                   "short_seq_prob", "dupe_factor", "phase2_seq_length", "phase2_fraction"],
     "training": ["batch_size", "grad_accum_steps", "epochs", "max_steps", "max_minutes", "learning_rate",
                  "warmup_ratio", "warmup_steps", "weight_decay", "seed", "num_threads", "device", "log_every_steps",
-                 "eval_every_steps", "save_every_steps", "resume", "precision"],
+                 "eval_every_steps", "save_every_steps", "resume", "precision", "dist_timeout_minutes"],
     "evaluation": ["eval_mask_seed", "eval_batch_size", "eval_max_instances"],
 }
 OPTIONS = {
     "corpus": {"positional": True, "nargs": "*", "type": Path,
-               "help": "text files or folders (every *.txt below them); not needed with --eval-only"},
+               "help": "text files or folders (every *.txt below them), or a folder an earlier run prepared; not "
+                       "needed with --eval-only"},
     "preset": {"choices": list(PRESETS)},
-    "lowercase": {"help": "keep case and accents (default: uncased, as bert-base-uncased)"},
-    "nsp": {"help": "masked LM only: single packed segments, no next-sentence prediction; saves a BertForMaskedLM "
-                    "model folder (the paper's ablation)"},
+    "lowercase": {"action": "store_const", "const": False,
+                  "help": "keep case and accents (default: uncased, as bert-base-uncased)"},
+    "nsp": {"action": "store_const", "const": False,
+            "help": "masked LM only: single packed segments, no next-sentence prediction; saves a BertForMaskedLM "
+                    "model folder (the paper's ablation; the default with a base that has no NSP head)"},
     # the spellings of finetune; the old ones still work
     "log_every_steps": {"aliases": ["--log-every"]}, "eval_every_steps": {"aliases": ["--eval-every"]},
     "save_every_steps": {"aliases": ["--save-every"]},
@@ -83,6 +96,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_settings_flags(p, PretrainSettings, groups=GROUPS, names=FLAG_NAMES, options=OPTIONS,
                        rest_title="training loop (rarely changed)")
+    p.add_argument("--nsp", dest="nsp", action="store_const", const=True, default=argparse.SUPPRESS,
+                   help="next-sentence prediction also with a base that has no trained NSP head (a new one is "
+                        "trained)")
     p.add_argument("--no-resume", dest="resume", action="store_const", const="never", default=argparse.SUPPRESS,
                    help=argparse.SUPPRESS)  # the old spelling of --resume never
     add_config_flag(p)
@@ -92,6 +108,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "(MLM accuracy, loss, perplexity; NSP accuracy; the unigram baseline)")
     e.add_argument("--eval-text", type=_paths,
                    help="with --eval-only: evaluate on every document of these comma-separated files/folders instead")
+    e.add_argument("--data", type=Path, metavar="FOLDER",
+                   help="with --eval-only: the run's prepared data folder, if it has moved (default: the one its "
+                        "record names)")
     e.add_argument("--eval-instances-from", type=Path, metavar="FOLDER",
                    help="with --eval-only: score on the held-out instances and masked positions of the run in FOLDER "
                         "(same vocabulary), e.g. an NSP run and its --no-nsp ablation on the very same tokens")
@@ -114,12 +133,12 @@ def run_command(args: argparse.Namespace) -> int:
     if args.eval_only:
         import torch
 
-        from training.pretrain import evaluate_pretrained_folder
+        from training.pretraining.evaluation import evaluate_pretrained_folder
 
         s = settings_from_args(args, PretrainSettings, "pretrain")
         if s.num_threads:
             torch.set_num_threads(s.num_threads)
-        metrics = evaluate_pretrained_folder(s.out, eval_text=args.eval_text, corpus=s.corpus or None,
+        metrics = evaluate_pretrained_folder(s.out, eval_text=args.eval_text, data=args.data,
                                              mask_seed=s.eval_mask_seed, batch_size=s.eval_batch_size,
                                              device=s.device, instances_from=args.eval_instances_from)
         _print_eval(metrics)
@@ -128,11 +147,18 @@ def run_command(args: argparse.Namespace) -> int:
     settings = settings_from_args(args, PretrainSettings, "pretrain")
     if not settings.corpus:
         fail("pretrain", "give the corpus (text files or folders, or `corpus` in --config), or --eval-only")
-    from training.pretrain import run_pretrain
+    from training.pretraining.run import run_pretrain
 
     logging.getLogger("berth.pretrain").info("settings: %s", settings.model_dump_json())
-    write_config(settings, settings.out, "pretrain")  # `berth pretrain --config OUT/config.yaml` runs it again
+    if os.environ.get("RANK", "0") == "0":  # one writer under torchrun
+        # `berth pretrain --config OUT/config.yaml` runs it again (the training, also after --prepare-only)
+        write_config(settings.model_copy(update={"prepare_only": False}), settings.out, "pretrain")
     record = run_pretrain(settings)
+    if settings.prepare_only:
+        print(json.dumps(record, indent=2, default=str))
+        return 0
+    if not record:  # a rank other than 0 of a torchrun launch
+        return 0
     if record["heldout_eval"]:
         _print_eval(record["heldout_eval"])
     print(f"saved {record['model_class']} to {settings.out}", file=sys.stderr)

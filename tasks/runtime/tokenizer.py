@@ -100,14 +100,15 @@ def _read_lines(files: Iterable[str | Path]) -> Iterator[str]:
 
 
 def train_wordpiece(
-    files: Iterable[str | Path],
+    files: Iterable[str | Path] = (),
     vocab_size: int = 30522,
     lowercase: bool = True,
     strip_accents: bool | None = None,
     min_frequency: int = 2,
     limit_alphabet: int = 1000,
+    lines: Iterable[str] | None = None,
 ) -> Tokenizer:
-    """Train a WordPiece vocabulary on raw text files, with BERT normalization.
+    """Train a WordPiece vocabulary on raw text files (or on `lines`, already read), with BERT normalization.
 
     `lowercase=True` also strips accents (BERT uncased); pass `lowercase=False` for a cased model.
     The special tokens take ids 0-4 in the order [PAD] [UNK] [CLS] [SEP] [MASK].
@@ -126,7 +127,7 @@ def train_wordpiece(
         continuing_subword_prefix="##",
         show_progress=False,
     )
-    tok.train_from_iterator(_read_lines(files), trainer=trainer)
+    tok.train_from_iterator(_read_lines(files) if lines is None else lines, trainer=trainer)
     return _bert_pipeline(tok, lowercase, strip_accents)
 
 

@@ -13,7 +13,8 @@ from berth.cli import build_parser, main
 from berth.flags import add_settings_flags, given_settings
 from export.settings import ExportSettings
 from service.settings import ServiceSettings
-from training.settings import FinetuneSettings, PretrainSettings, TrainLoopSettings, TrainSettings
+from training.pretraining.settings import PretrainSettings
+from training.settings import FinetuneSettings, TrainLoopSettings, TrainSettings
 
 # Written out here, not read from berth.cli: what `berth --help` must offer.
 SUBCOMMANDS = ["tokenizer", "pretrain", "finetune", "evaluate", "sweep", "plot", "export", "sign-bundle",
@@ -72,7 +73,7 @@ def test_the_help_shows_each_commands_own_defaults():
     assert "--epochs EPOCHS passes over the training data" in finetune and "(default: 3.0)" in finetune
     assert "--lr LEARNING_RATE peak AdamW learning rate" in finetune and "(default: 5e-05)" in finetune
     assert "learning rate up from 0 (default: 0.1)" in finetune
-    assert "linearly to 0 at the last step (default: 0.0005)" in pretrain
+    assert "the learning rate defaults to 5e-05 (a new model: 0.0005)" in pretrain
     assert "learning rate up from 0 (default: 0.05)" in pretrain
     assert "--doc-stride DOC_STRIDE overlap in tokens of consecutive windows" in finetune
     assert "(default: 384 for qa, 128 otherwise)" in finetune

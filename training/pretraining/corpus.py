@@ -22,12 +22,18 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from training.errors import UserFacingError
+
 CorpusFormat = Literal["text", "bert"]
+# utf-8: every line must be UTF-8 (a line that is not is a bad line); utf-8-or-latin-1: a file (or piece)
+# that is not UTF-8 is read as Latin-1 whole, said in the log (some older corpora are ISO-8859-1).
+Encoding = Literal["utf-8", "utf-8-or-latin-1"]
+BadLinePolicy = Literal["stop", "skip"]  # at a line that cannot be decoded: stop with its file and line, or skip it
 WRAP_WIDTH = 100
 DEFAULT_MAX_DOCUMENT_CHARS = 20_000
 
@@ -116,13 +122,37 @@ def split_paragraphs(text: str) -> list[str]:
     return paragraphs
 
 
-def read_text(path: str | Path) -> str:
-    """A file's text: UTF-8, or Latin-1 when it is not valid UTF-8 (some speeches are ISO-8859-1)."""
-    data = Path(path).read_bytes()
+@dataclass
+class DecodedText:
+    text: str
+    bad_lines: list[dict]  # {"file", "line", "reason"} of each line skipped
+    latin1: bool = False  # read as Latin-1 (encoding utf-8-or-latin-1, and not UTF-8)
+
+
+def decode_text(data: bytes, path: str | Path, first_line: int | Callable[[], int] = 1, encoding: Encoding = "utf-8",
+                bad_lines: BadLinePolicy = "stop") -> DecodedText:
+    """The text of `data` (a file, or a piece of one starting at line `first_line`: a number, or a function that
+    counts it, called only when a line is bad) by `encoding`; a line that is not UTF-8 stops the read with its
+    file and line (`bad_lines="stop"`) or is left out and reported (`"skip"`)."""
     try:
-        return data.decode("utf-8")
+        return DecodedText(data.decode("utf-8"), [])
     except UnicodeDecodeError:
-        return data.decode("latin-1")
+        if encoding == "utf-8-or-latin-1":
+            return DecodedText(data.decode("latin-1"), [], latin1=True)
+    start = first_line() if callable(first_line) else first_line
+    kept: list[str] = []
+    skipped: list[dict] = []
+    for number, line in enumerate(data.split(b"\n"), start=start):
+        try:
+            kept.append(line.decode("utf-8"))
+        except UnicodeDecodeError as error:
+            reason = f"not UTF-8 (byte 0x{line[error.start]:02x} at column {error.start + 1})"
+            if bad_lines == "stop":
+                raise UserFacingError(
+                    f"{path}:{number}: {reason}; --bad-lines skip leaves such lines out (counted), --encoding "
+                    "utf-8-or-latin-1 reads a file that is not UTF-8 as Latin-1") from None
+            skipped.append({"file": str(path), "line": number, "reason": reason})
+    return DecodedText("\n".join(kept), skipped)
 
 
 def corpus_files(paths: str | Path | Iterable[str | Path], suffixes: Sequence[str] = (".txt",)) -> list[Path]:
@@ -175,26 +205,34 @@ def _bert_format_documents(text: str, source: str) -> list[Document]:
     return documents
 
 
+def documents_from_text(text: str, source: str, format: CorpusFormat = "text",
+                        max_document_chars: int | None = DEFAULT_MAX_DOCUMENT_CHARS) -> list[Document]:
+    """The documents of one file's text (or of a piece of it cut at a blank line); see the module docstring.
+
+    `max_document_chars` applies to the "text" format only (a "bert" file marks its own documents).
+    """
+    if format == "bert":
+        return _bert_format_documents(text, source)
+    if format == "text":
+        paragraphs = [s for s in (split_sentences(p) for p in split_paragraphs(text)) if s]
+        return _chunk_paragraphs(paragraphs, source, max_document_chars)
+    raise ValueError(f"unknown corpus format {format!r}; use 'text' or 'bert'")
+
+
 def read_documents(
     paths: str | Path | Iterable[str | Path],
     format: CorpusFormat = "text",
     max_document_chars: int | None = DEFAULT_MAX_DOCUMENT_CHARS,
     suffixes: Sequence[str] = (".txt",),
+    encoding: Encoding = "utf-8",
+    bad_lines: BadLinePolicy = "stop",
 ) -> list[Document]:
-    """Read files and folders (recursively) into documents; see the module docstring for formats.
-
-    `max_document_chars` applies to the "text" format only (a "bert" file marks its own documents).
-    """
+    """Read whole files and folders (recursively) into documents, in memory: for small corpora and tests.
+    `berth pretrain` reads its corpus piece by piece instead (training.pretraining.shards)."""
     documents: list[Document] = []
     for file in corpus_files(paths, suffixes):
-        text = read_text(file)
-        if format == "bert":
-            documents += _bert_format_documents(text, str(file))
-        elif format == "text":
-            paragraphs = [s for s in (split_sentences(p) for p in split_paragraphs(text)) if s]
-            documents += _chunk_paragraphs(paragraphs, str(file), max_document_chars)
-        else:
-            raise ValueError(f"unknown corpus format {format!r}; use 'text' or 'bert'")
+        text = decode_text(file.read_bytes(), file, encoding=encoding, bad_lines=bad_lines).text
+        documents += documents_from_text(text, str(file), format, max_document_chars)
     return documents
 
 

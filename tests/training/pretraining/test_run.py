@@ -21,16 +21,13 @@ from berth.cli import main
 from tasks.runtime.tokenizer import load_tokenizer
 from training.checkpoint import load_pretrained
 from training.model import BertForMaskedLM, BertForPreTraining, BertForSequenceClassification
-from training.pretrain import (
-    PretrainSettings,
-    build_instances,
-    evaluate_pretraining,
-    heldout_dataset,
-    load_run_settings,
-)
-from training.pretraining_data import collate
+from training.pretraining.data import collate
+from training.pretraining.evaluation import evaluate_pretraining, heldout_dataset, load_run_settings
+from training.pretraining.masking import MaskingVocab
+from training.pretraining.settings import PretrainSettings
+from training.pretraining.stream import ShardedInstances
 
-SAMPLES = Path(__file__).resolve().parents[2] / "data" / "samples"
+SAMPLES = Path(__file__).resolve().parents[3] / "data" / "samples"
 STEPS = 8
 # Small and quick: the tiny preset (L2/H128), a 1,000-token vocabulary, 64-token instances.
 TINY = ["--preset", "tiny", "--max-seq-length", "64", "--batch-size", "16", "--max-steps", str(STEPS),
@@ -84,7 +81,10 @@ def test_pretrain_writes_a_checkpoint_with_its_run_record_and_reports_heldout_ac
     run = json.loads((out / "pretrain_run.json").read_text())
     assert run["seed"] == 12345 and run["git_revision"]
     assert run["settings"]["corpus"] == corpus and run["settings"]["preset"] == "tiny"
-    assert [f["path"] for f in run["corpus_files"]] == corpus
+    manifest = json.loads((out / "data" / "manifest.json").read_text())
+    assert [f["path"] for f in manifest["corpus"]] == [str(Path(c).resolve()) for c in corpus]
+    assert run["data"]["folder"] == str(out / "data") and run["data"]["digest"] == manifest["digest"]
+    assert run["base"] is None and run["nsp"] is True
     assert run["train_result"]["steps"] == STEPS
     assert run["model_config"]["num_hidden_layers"] == 2 and run["model_config"]["hidden_size"] == 128
     assert 0 < run["heldout_instances"] < run["train_instances"]  # 2 of the 20 documents held out
@@ -155,7 +155,7 @@ def test_eval_only_reproduces_the_heldout_metrics_with_its_fixed_masks(nsp_run):
 
 def test_eval_text_scores_every_document_of_other_files(nsp_run, shared_data):
     out, _ = nsp_run
-    later = sorted((shared_data / "pretraining" / "inaugural").glob("*.txt"))[-3:]  # 1997-2005, never seen
+    later = sorted((shared_data / "pretraining" / "inaugural").glob("*.txt"))[-4:-1]  # 1993-2001, never seen
     printed = _berth("pretrain", "--eval-only", "--out", str(out), "--eval-text", ",".join(map(str, later)),
                      "--threads", "1")
     assert "NSP accuracy" in printed
@@ -167,8 +167,8 @@ def test_evaluation_counts_every_masked_token_not_batch_means(nsp_run):
     out, _ = nsp_run
     settings = load_run_settings(out)
     tokenizer = load_tokenizer(out)
-    _, heldout_instances = build_instances(settings, tokenizer)
-    dataset = heldout_dataset(heldout_instances, tokenizer, settings)
+    dataset = heldout_dataset(ShardedInstances(out / "data", "heldout"), MaskingVocab.from_tokenizer(tokenizer),
+                              settings)
     model, _ = load_pretrained(BertForPreTraining, out)
     metrics = evaluate_pretraining(model, dataset, batch_size=7)  # uneven batches
 
@@ -197,7 +197,7 @@ def test_no_nsp_saves_a_masked_lm_checkpoint_and_reports_no_nsp(no_nsp_run):
     assert "held-out MLM accuracy" in printed and "NSP accuracy" not in printed
 
     run = json.loads((out / "pretrain_run.json").read_text())
-    assert run["model_class"] == "BertForMaskedLM" and run["settings"]["nsp"] is False
+    assert run["model_class"] == "BertForMaskedLM" and run["settings"]["nsp"] is False and run["nsp"] is False
     assert "nsp_accuracy" not in run["heldout_eval"] and run["heldout_eval"]["masked_tokens"] > 0
     train, _ = _metrics(out)
     assert "mlm_accuracy" in train[-1] and "nsp_loss" not in train[-1]
@@ -237,6 +237,9 @@ def test_settings_take_a_preset_or_explicit_sizes(tmp_path):
     assert PretrainSettings(out=tmp_path).epochs == 1.0  # neither epochs nor max_steps: one epoch
     with pytest.raises(ValueError, match="unknown preset"):
         PretrainSettings(out=tmp_path, preset="huge")
+    assert PretrainSettings(out=tmp_path).effective_learning_rate() == 5e-4  # a new model
+    assert PretrainSettings(out=tmp_path, base="default").effective_learning_rate() == 5e-5  # continued
+    assert PretrainSettings(out=tmp_path, base="default", learning_rate=1e-4).effective_learning_rate() == 1e-4
 
 
 def test_max_predictions_scale_with_the_sequence_length(tmp_path, caplog):

@@ -31,8 +31,9 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from training.corpus import Document
-from training.masking import IGNORE_INDEX
+from tasks.runtime.tokenizer import CLS, SEP
+from training.pretraining.corpus import Document, split_documents
+from training.pretraining.masking import IGNORE_INDEX
 
 NOT_SCORED = IGNORE_INDEX  # next_sentence_label of a single-segment (no-NSP) instance
 
@@ -124,6 +125,13 @@ class PretrainingInstances:
     @property
     def lengths(self) -> np.ndarray:
         return np.diff(self.offsets)
+
+    @property
+    def longest(self) -> int:
+        return int(self.lengths.max()) if len(self) else 0
+
+    def nsp_label(self, index: int) -> int:
+        return int(self.next_sentence_labels[index])
 
     def sequence(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         """(input_ids, token_type_ids) of one instance, int64."""
@@ -302,3 +310,33 @@ def create_instances(
             else:
                 _segments_from_document(corpus, doc, max_seq_length - 2, short_seq_prob, rng, out)
     return out.finish(rng.permutation(len(out.pieces)))
+
+
+def build_pretraining_instances(
+    documents: Sequence[Document],
+    tokenizer: Tokenizer,
+    *,
+    max_seq_length: int = 128,
+    short_seq_prob: float = 0.1,
+    nsp: bool = True,
+    dupe_factor: int = 1,
+    heldout_fraction: float = 0.0,
+    seed: int = 12345,
+    single_sentence_not_next: bool = False,
+) -> tuple[PretrainingInstances, PretrainingInstances | None]:
+    """Split `documents` by documents, tokenize and build (train, held-out or None) instances.
+
+    The held-out part gets at least two documents when `nsp` (its NotNext segments need another).
+    `berth pretrain` calls this once per shard of its corpus (training.pretraining.shards); read a small
+    corpus whole with `read_documents`.
+    """
+    train_docs, heldout_docs = split_documents(documents, heldout_fraction, seed, min_heldout=2 if nsp else 1)
+    cls_id, sep_id = tokenizer.token_to_id(CLS), tokenizer.token_to_id(SEP)
+
+    def build(docs: list[Document], part_seed: int) -> PretrainingInstances:
+        return create_instances(tokenize_documents(docs, tokenizer), cls_id, sep_id, max_seq_length, short_seq_prob,
+                                nsp, dupe_factor, part_seed, single_sentence_not_next)
+
+    train = build(train_docs, seed)
+    heldout = build(heldout_docs, seed + 1) if heldout_docs else None
+    return train, heldout

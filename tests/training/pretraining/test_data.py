@@ -8,21 +8,22 @@ import numpy as np
 import pytest
 
 from tasks.runtime.tokenizer import CLS, MASK, PAD, SEP
-from training.corpus import (
+from training.pretraining.corpus import (
     Document,
     read_documents,
     split_documents,
     split_paragraphs,
     split_sentences,
 )
-from training.masking import IGNORE_INDEX, MaskingSettings, MaskingVocab, mask_tokens
-from training.pretraining_data import PretrainingDataset, build_pretraining_instances, collate
-from training.pretraining_instances import (
+from training.pretraining.data import PretrainingDataset, collate
+from training.pretraining.instances import (
     NOT_SCORED,
+    build_pretraining_instances,
     create_instances,
     tokenize_documents,
     truncated_lengths,
 )
+from training.pretraining.masking import IGNORE_INDEX, MaskingSettings, MaskingVocab, mask_tokens
 
 MAX_LEN = 128
 
@@ -81,7 +82,7 @@ def test_split_paragraphs_joins_wrapped_lines_or_takes_long_lines_whole():
 
 def test_real_corpus_reads_into_sensible_documents(shared_data):
     root = shared_data / "pretraining"
-    documents = read_documents(root)
+    documents = read_documents(root, encoding="utf-8-or-latin-1")
     files = sorted(root.rglob("*.txt"))
     sources = {d.source.split("#")[0] for d in documents}
     assert sources == {str(f) for f in files}  # every text file is read, the READMEs are not
@@ -142,7 +143,8 @@ def special(tokenizer) -> dict[str, int]:
 def corpus(shared_data, tokenizer):
     """The inaugural and State of the Union addresses, about 3 MB of text."""
     root = shared_data / "pretraining"
-    return tokenize_documents(read_documents([root / "inaugural", root / "state_union"]), tokenizer)
+    documents = read_documents([root / "inaugural", root / "state_union"], encoding="utf-8-or-latin-1")
+    return tokenize_documents(documents, tokenizer)
 
 
 @pytest.fixture(scope="module")
@@ -383,21 +385,13 @@ def test_collate_pads_and_feeds_bert_for_pretraining(instances, corpus, tokenize
     assert "nsp_loss" not in out and torch.equal(out["loss"], out["mlm_loss"])
 
 
-def test_build_pretraining_instances_splits_by_document_and_caches(shared_data, tokenizer, tmp_path):
-    folder = shared_data / "pretraining" / "inaugural"
-    train, heldout = build_pretraining_instances(
-        folder, tokenizer, heldout_fraction=0.1, seed=9, cache_dir=tmp_path
-    )
+def test_build_pretraining_instances_splits_by_document(shared_data, tokenizer, tmp_path):
+    documents = read_documents(shared_data / "pretraining" / "inaugural", encoding="utf-8-or-latin-1")
+    train, heldout = build_pretraining_instances(documents, tokenizer, heldout_fraction=0.1, seed=9)
     assert heldout is not None and 0 < len(heldout) < len(train) / 4
-    cached = list(tmp_path.glob("pretraining-*.npz"))
-    assert len(cached) == 1
-    again_train, again_heldout = build_pretraining_instances(
-        folder, tokenizer, heldout_fraction=0.1, seed=9, cache_dir=tmp_path
-    )
+    again_train, again_heldout = build_pretraining_instances(documents, tokenizer, heldout_fraction=0.1, seed=9)
     assert np.array_equal(again_train.input_ids, train.input_ids)
     assert np.array_equal(again_heldout.offsets, heldout.offsets)
-    build_pretraining_instances(folder, tokenizer, max_seq_length=64, cache_dir=tmp_path)
-    assert len(list(tmp_path.glob("pretraining-*.npz"))) == 2  # other settings, another cache entry
 
     heldout.save(tmp_path / "heldout.npz")
     reloaded = type(heldout).load(tmp_path / "heldout.npz")
@@ -405,9 +399,9 @@ def test_build_pretraining_instances_splits_by_document_and_caches(shared_data, 
         np.array_equal(getattr(reloaded, k), getattr(heldout, k)) for k in heldout.__dataclass_fields__
     )
 
-    documents = read_documents(folder)
     train_docs, heldout_docs = split_documents(documents, 0.1, seed=9)
     assert {d.source for d in train_docs}.isdisjoint(d.source for d in heldout_docs)
+    assert heldout.document_a.max() < len(heldout_docs)  # held-out instances come from held-out documents only
 
 
 def test_not_next_comes_from_another_file_even_when_one_file_is_most_of_the_corpus(tmp_path, tokenizer, special):
