@@ -355,3 +355,16 @@ def test_best_of_seeds_is_a_one_cell_sweep(tmp_path, tiny_base):
     best = max(accuracies.values())
     assert record["winner"]["value"] == best and accuracies[record["winner"]["id"]] == best
     assert record["cells"][0]["ok"] == 2 and (tmp_path / "seeds" / "best" / "model.safetensors").is_file()
+
+
+def test_a_bad_row_stops_the_sweep_in_one_line(tmp_path, tiny_base, capsys):
+    train = tmp_path / "train.jsonl"
+    rows = (SAMPLES / "train.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)[:10]
+    train.write_text("".join(rows[:3]) + '{"text": "cut short\n' + "".join(rows[3:]), encoding="utf-8")
+    argv = sweep_args(tiny_base, tmp_path / "bad", *GRID)
+    argv[argv.index("--train") + 1] = str(train)
+    code, document, err = run_cli(capsys, argv)
+    assert code == 2 and document is None
+    assert err.strip().splitlines()[-1] == f"berth sweep: {train}:4: invalid JSON: Invalid control character at " \
+                                           "(character 20)"
+    assert not list((tmp_path / "bad").glob("trials/*/trial.json"))  # no trial recorded as if it had run
