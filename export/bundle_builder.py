@@ -26,6 +26,7 @@ from tasks.runtime.bundle import FORMAT_VERSION, MODEL_FILE, PRECISION_PROVIDERS
 from tasks.runtime.onnx_session import CPU, CUDA, create_session, onnx_item_runner, onnx_runner
 from tasks.runtime.progress import Progress, counted
 from tasks.runtime.tokenizer import load_tokenizer
+from training.saving import disk_errors, ensure_free_space, replace_directory, tensor_bytes
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,11 @@ def export_bundle(settings: ExportSettings, example_inputs: list[Any] | None = N
         def convert(source: Path, target: Path) -> Path:
             return to_int8(source, target, recipe, feeds)
 
-    with tempfile.TemporaryDirectory(prefix=f".{out.name}-", dir=out.parent) as scratch_name:
+    kept = f"the bundle in {out} is unchanged" if out.exists() else "no bundle was written"
+    # The scratch folder holds the plain ONNX export (about the fp32 weights) and the converted model at once.
+    ensure_free_space(out.parent, 2 * tensor_bytes(model.state_dict()), "the bundle")
+    with (disk_errors(out.parent, "the bundle", kept),
+          tempfile.TemporaryDirectory(prefix=f".{out.name}-", dir=out.parent) as scratch_name):
         scratch = Path(scratch_name)
         plain = onnx_export.export_onnx(model, spec.task, scratch / "plain.onnx", opset)
         log.info("exported %s (%s) to ONNX opset %d", checkpoint, spec.task, opset)
@@ -153,9 +158,7 @@ def export_bundle(settings: ExportSettings, example_inputs: list[Any] | None = N
         (final / CARD_FILE).write_text(bundle_card(final, manifest, checkpoint), encoding="utf-8")
         if private_key is not None:
             sign_bundle(final, private_key)
-        if out.exists():
-            shutil.rmtree(out)
-        shutil.move(str(final), str(out))
+        replace_directory(final, out)  # a kill leaves the old bundle or the new one, never half of one
     bundle = load_bundle(out)
     log.info("bundle %s: %s %s, parity %s", out, spec.task, precision,
              "passed" if bundle.parity["passed"] else "failed")

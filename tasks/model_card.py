@@ -77,28 +77,32 @@ def clean_config(folder: Path, name: str) -> None:
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def finetuned_card(folder: Path, command: str | None = None) -> str:
-    """The card of a `berth finetune` output folder, from its finetune_run.json and berth_task.json."""
+def finetuned_card(folder: Path, command: str | None = None, name: str | None = None) -> str:
+    """The card of a `berth finetune` output folder, from its finetune_run.json and berth_task.json; `name`: the
+    model's (default: the folder's, which differs while the folder is a temporary one)."""
     folder = Path(folder)
-    facts = {**_finetune_facts(folder), "command": command or command_line()}
-    how = (f"`berth export {folder.name} --out models/{folder.name}` makes an ONNX bundle of it for `berth serve` "
+    name = name or folder.name
+    facts = {**_finetune_facts(folder, name), "command": command or command_line()}
+    how = (f"`berth export {name} --out models/{name}` makes an ONNX bundle of it for `berth serve` "
            f"and `berth predict`; it also loads in transformers (`AutoModel*.from_pretrained`).")
     return _card(facts, library="transformers", how=how)
 
 
-def _finetune_facts(folder: Path) -> dict[str, Any]:
+def _finetune_facts(folder: Path, name: str | None = None) -> dict[str, Any]:
     run = json.loads((folder / "finetune_run.json").read_text(encoding="utf-8"))
     task = json.loads((folder / "berth_task.json").read_text(encoding="utf-8"))
     settings = run.get("settings", {})
     card = front_matter((folder / CARD_FILE).read_text(encoding="utf-8")) if (folder / CARD_FILE).is_file() else {}
-    return {"name": folder.name, "task": task["task"], "labels": task.get("labels"),
+    return {"name": name or folder.name, "task": task["task"], "labels": task.get("labels"),
             "problem_type": task.get("problem_type"), "dev_metrics": run.get("dev_metrics") or {},
             "max_seq_length": task.get("max_seq_length"), "doc_stride": task.get("doc_stride"),
             "base": base_facts(run.get("base"), settings.get("base")),
             "train": dataset_name(settings.get("train_file")), "train_file": Path(settings.get("train_file", "")).name,
             "dev_file": Path(settings["dev_file"]).name if settings.get("dev_file") else None,
             "train_examples": run.get("train_examples"), "dev_examples": run.get("dev_examples"),
-            "steps": (run.get("train_result") or {}).get("steps"), "command": card.get("berth_command")}
+            "steps": (run.get("train_result") or {}).get("steps"), "command": card.get("berth_command"),
+            "bad_rows": (run.get("bad_rows") or {}).get("count"),
+            "nonfinite_steps": (run.get("train_result") or {}).get("nonfinite_steps")}
 
 
 def bundle_card(bundle: Path, manifest: dict[str, Any], checkpoint: Path) -> str:
@@ -215,6 +219,10 @@ def _trained_on(facts: dict[str, Any]) -> str:
         what += f"; dev figures from `{facts['dev_file']}` ({facts.get('dev_examples')} examples)"
     if facts.get("labels"):
         what += f". Labels: {', '.join(map(str, facts['labels']))}"
+    if facts.get("bad_rows"):
+        what += f". Bad rows of the data skipped (listed in errors.jsonl): {facts['bad_rows']}"
+    if facts.get("nonfinite_steps"):
+        what += f". Steps skipped for a non-finite loss or gradient norm: {facts['nonfinite_steps']}"
     return what + "."
 
 

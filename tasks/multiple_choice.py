@@ -80,8 +80,12 @@ def read_choice_jsonl(path: str | Path) -> list[ChoiceExample]:
         for number, line in enumerate(handle, 1):
             if not line.strip():
                 continue
-            row = json.loads(line)
-            if not isinstance(row.get("context"), str) or not isinstance(row.get("choices"), list):
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{number}: invalid JSON: {e.msg} (character {e.colno})") from None
+            if not (isinstance(row, dict) and isinstance(row.get("context"), str)
+                    and isinstance(row.get("choices"), list)):
                 raise ValueError(f"{path}:{number}: expected {{\"context\": str, \"choices\": [str, ...], \"label\"}}")
             label = row.get("label")
             if label is not None and not 0 <= int(label) < len(row["choices"]):

@@ -27,6 +27,7 @@ task's steps, kept together as every task module is (tasks/definition.py); its m
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,7 @@ from tasks.definition import (
     TaskDefinition,
     columns,
 )
+from tasks.readers import BadRows, DataError
 from tasks.runtime.graphemes import extend_end
 from tasks.runtime.tokenizer import CLS, SEP
 
@@ -69,29 +71,42 @@ class QAExample:
     is_impossible: bool = False
 
 
-def read_squad(path: str | Path) -> list[QAExample]:
+def read_squad(path: str | Path, bad_rows: BadRows | None = None) -> list[QAExample]:
     """Every question of a SQuAD v1.1 or v2.0 JSON file, in file order.
 
-    Raises ValueError naming the file and the place (e.g. `data[3].paragraphs[0].qas[7]`) when the
-    file is not JSON or not shaped like SQuAD: missing fields, wrong types, an answer_start outside
-    its context, duplicate ids, an answerable question without answers or an unanswerable one with.
+    Raises DataError (a ValueError) naming the file, the line and the place (e.g. `data[3].paragraphs[0].qas[7]`)
+    when the file is not UTF-8 JSON or not shaped like SQuAD: missing fields, wrong types, an answer_start outside
+    its context, duplicate ids, an answerable question without answers or an unanswerable one with. With
+    `BadRows("skip")` a bad question is a bad row, kept there, and the reading goes on.
     """
+    bad = bad_rows if bad_rows is not None else BadRows()
     path = Path(path)
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not a UTF-8 JSON file ({e})") from e
+        data = path.read_bytes()
+    except OSError as e:
+        raise DataError(path, 0, f"cannot read: {e.strerror or e}") from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        column = e.start - data.rfind(b"\n", 0, e.start)
+        raise DataError(path, line, f"bytes that are not UTF-8 (0x{data[e.start]:02x} at character {column}); "
+                                    "save the file as UTF-8") from None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DataError(path, e.lineno, f"invalid JSON: {e.msg} (character {e.colno})") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("data"), list):
-        raise ValueError(f"{path}: not a SQuAD file: expected a JSON object with a 'data' list")
+        raise DataError(path, 0, "not a SQuAD file: expected a JSON object with a 'data' list")
     examples: list[QAExample] = []
     seen: set[str] = set()
     for a, article in enumerate(raw["data"]):
         where = f"data[{a}]"
         if not isinstance(article, dict) or not isinstance(article.get("paragraphs"), list):
-            raise ValueError(f"{path}: {where}: expected an object with a 'paragraphs' list")
+            raise DataError(path, 0, f"{where}: expected an object with a 'paragraphs' list")
         title = article.get("title", "")
         if not isinstance(title, str):
-            raise ValueError(f"{path}: {where}: 'title' must be a string")
+            raise DataError(path, 0, f"{where}: 'title' must be a string")
         for p, paragraph in enumerate(article["paragraphs"]):
             where = f"data[{a}].paragraphs[{p}]"
             if not (
@@ -99,19 +114,34 @@ def read_squad(path: str | Path) -> list[QAExample]:
                 and isinstance(paragraph.get("context"), str)
                 and isinstance(paragraph.get("qas"), list)
             ):
-                raise ValueError(
-                    f"{path}: {where}: expected an object with a 'context' string and a 'qas' list"
-                )
+                raise DataError(path, 0, f"{where}: expected an object with a 'context' string and a 'qas' list")
             for q, qa in enumerate(paragraph["qas"]):
                 try:
                     example = _parse_question(qa, title, paragraph["context"])
+                    if example.id in seen:
+                        raise ValueError(f"duplicate question id {example.id!r}")
                 except ValueError as e:
-                    raise ValueError(f"{path}: {where}.qas[{q}]: {e}") from None
-                if example.id in seen:
-                    raise ValueError(f"{path}: {where}.qas[{q}]: duplicate question id {example.id!r}")
+                    bad.handle(DataError(path, _line_of_question(text, qa), f"{where}.qas[{q}]: {e}"))
+                    continue
                 seen.add(example.id)
                 examples.append(example)
+    if not examples and not bad.found:
+        raise DataError(path, 0, "no questions found")
     return examples
+
+
+def _line_of_question(text: str, qa: Any) -> int:
+    """The line of the file where question `qa` (an object of its 'qas' list) gives its id or, without one, its
+    question; 0 when neither can be found."""
+    for key in ("id", "question"):
+        value = qa.get(key) if isinstance(qa, dict) else None
+        if isinstance(value, str) and value:
+            found = re.search(rf'"{key}"\s*:\s*{re.escape(json.dumps(value))}', text)
+            if found is None:  # the file escapes characters json.dumps keeps, or the other way round
+                found = re.search(rf'"{key}"\s*:\s*{re.escape(json.dumps(value, ensure_ascii=False))}', text)
+            if found is not None:
+                return text.count("\n", 0, found.start()) + 1
+    return 0
 
 
 def _parse_question(qa: Any, title: str, context: str) -> QAExample:

@@ -59,6 +59,36 @@ def default_base_path() -> Path:
     return Path(str(root))
 
 
+def checkpoint_problem(folder: Path) -> str | None:
+    """Why `folder` is not a BERT checkpoint this project can start from (no folder, no or a broken config.json,
+    not a BERT, no weights, no tokenizer), in words a user can act on; None when it is one."""
+    folder = Path(folder)
+    expected = ("a BERT checkpoint folder holds config.json, model.safetensors (or pytorch_model.bin) and "
+                "tokenizer.json (or vocab.txt)")
+    if not folder.is_dir():
+        return f"no such folder; {expected}"
+    config = folder / "config.json"
+    if not config.is_file():
+        return f"not a BERT checkpoint: no config.json; {expected}"
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        return f"config.json is not valid JSON ({error})"
+    if not isinstance(data, dict):
+        return "config.json is not a JSON object"
+    if data.get("model_type", "bert") != "bert":
+        return f"model_type {data['model_type']!r} in config.json is not bert"
+    missing = [key for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+               if key not in data]
+    if missing:
+        return f"config.json lacks {', '.join(missing)}: not a BERT config"
+    if not any((folder / name).is_file() for name in (WEIGHTS_NAME, LEGACY_WEIGHTS_NAME)):
+        return f"no weights ({WEIGHTS_NAME} or {LEGACY_WEIGHTS_NAME}); {expected}"
+    if not any((folder / name).is_file() for name in ("tokenizer.json", "vocab.txt")):
+        return f"no tokenizer (tokenizer.json or vocab.txt); {expected}"
+    return None
+
+
 def read_state_dict(folder: str | Path) -> dict[str, torch.Tensor]:
     """Weights of a checkpoint folder: safetensors first, else a torch file read with weights_only=True."""
     folder = Path(folder)

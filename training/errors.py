@@ -11,3 +11,7 @@ from __future__ import annotations
 
 class UserFacingError(ValueError):
     """A problem the user can fix; its message names the file, line or setting and what to do."""
+
+
+class TrainingDiverged(UserFacingError):
+    """A loss or a gradient norm that is not finite (nan, inf), more often than the settings allow."""

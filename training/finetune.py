@@ -8,6 +8,7 @@ with berth_task.json (labels, task settings, dev metrics) and the run's config.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from training.errors import UserFacingError
 from training.settings import FinetuneSettings
 
 if TYPE_CHECKING:
@@ -26,29 +28,41 @@ __all__ = ["FinetuneInputError", "FinetuneSettings", "run_finetune"]  # Finetune
 
 log = logging.getLogger("berth.finetune")
 STATE_DIR = "train_state"  # the resumable training state, under the output folder while training
+ERRORS_FILE = "errors.jsonl"  # the bad rows skipped under bad_rows "skip", one JSON object a line
 
 
-class FinetuneInputError(ValueError):
+class FinetuneInputError(UserFacingError):
     """A setting that cannot work here (an unknown --metric-for-best, a tracker not installed), found before
     training starts."""
 
 
-def write_card(out: Path) -> None:
+def write_card(out: Path, name: str | None = None) -> None:
     """README.md (the model card) from the folder's records; config.json names the model, not a path."""
     from tasks.model_card import CARD_FILE, clean_config, finetuned_card
 
-    clean_config(out, out.name)
-    (out / CARD_FILE).write_text(finetuned_card(out), encoding="utf-8")
+    clean_config(out, name or out.name)
+    (out / CARD_FILE).write_text(finetuned_card(out, name=name), encoding="utf-8")
 
 
 def resolve_base(base: str) -> Path:
-    """`default` means the embedded all-MiniLM-L6-v2 checkpoint; anything else is a folder."""
-    from training.checkpoint import default_base_path
+    """`default` means the embedded all-MiniLM-L6-v2 checkpoint; anything else is a BERT checkpoint folder, checked
+    here (config, weights, tokenizer) so that a wrong --base is one line before any work."""
+    from training.checkpoint import checkpoint_problem, default_base_path
 
     path = default_base_path() if base == "default" else Path(base)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path}: not a BERT model folder (no config.json)")
+    problem = checkpoint_problem(path)
+    if problem:
+        raise UserFacingError(f"--base {path}: {problem}")
     return path
+
+
+def check_sequence_length(settings: FinetuneSettings, base: Path) -> None:
+    """A max_seq_length past the base's position embeddings would fail at the first example that long."""
+    positions = json.loads((base / "config.json").read_text(encoding="utf-8")).get("max_position_embeddings", 512)
+    if settings.effective_max_seq_length() > positions:
+        raise UserFacingError(f"--max-seq-length {settings.effective_max_seq_length()} is longer than the "
+                              f"{positions} positions of the base {base} (max_position_embeddings in its "
+                              f"config.json); use at most {positions}")
 
 
 def run_provenance() -> dict:
@@ -91,9 +105,9 @@ def run_finetune(settings: FinetuneSettings, callbacks: Sequence[TrainerCallback
     from tasks.runtime.tokenizer import load_tokenizer
     from training import dev_evaluation, feature_based, output_cache, task_data, trackers
     from training import model as models
-    from training.checkpoint import load_pretrained, save_pretrained
+    from training.checkpoint import CheckpointError, load_pretrained, save_pretrained
     from training.metrics_log import METRICS_FILE
-    from training.precision import cpu_bf16_support
+    from training.saving import ensure_free_space, tensor_bytes
     from training.torch_runner import torch_item_runner
     from training.trainer import train
 
@@ -105,11 +119,13 @@ def run_finetune(settings: FinetuneSettings, callbacks: Sequence[TrainerCallback
         torch.set_num_threads(settings.num_threads)
     torch.manual_seed(settings.seed)
     base = resolve_base(settings.base)
+    check_sequence_length(settings, base)
     tokenizer = load_tokenizer(base)
     adapter = task_data.adapter_for(settings, tokenizer)
     train_examples = adapter.read(settings.train_file, limit=settings.max_train_examples, seed=settings.seed)
     dev_examples = (adapter.read(settings.dev_file, limit=settings.max_eval_examples, seed=None)
                     if settings.dev_file else [])
+    bad_rows = write_bad_rows(getattr(adapter, "bad_rows", []), Path(settings.out), settings.bad_rows)
     spec = adapter.spec(train_examples)
     log.info("task %s: %d train / %d dev examples, labels %s", spec.task, len(train_examples), len(dev_examples),
              spec.labels)
@@ -126,7 +142,12 @@ def run_finetune(settings: FinetuneSettings, callbacks: Sequence[TrainerCallback
         pooling = default_pooling(base) if settings.pooling == "auto" else settings.pooling
         overrides["classifier_pooling"] = pooling
         spec = spec.model_copy(update={"pooling": pooling})
-    model, report = load_pretrained(head, base, **{k: v for k, v in overrides.items() if v is not None})
+    try:
+        model, report = load_pretrained(head, base, **{k: v for k, v in overrides.items() if v is not None})
+    except CheckpointError as error:  # e.g. encoder weights missing or of another shape than its config says
+        raise UserFacingError(f"--base {base}: {error}") from None
+    ensure_free_space(Path(settings.out), 4 * tensor_bytes(model.state_dict()),
+                      "a training state (about 3x the weights) and the model")
     log.info("loaded %s from %s: %s", head_class(spec), base, report)
 
     dataset = adapter.features(train_examples, spec)
@@ -164,7 +185,6 @@ def run_finetune(settings: FinetuneSettings, callbacks: Sequence[TrainerCallback
         if (train_settings.output_dir / METRICS_FILE).is_file():
             shutil.copyfile(train_settings.output_dir / METRICS_FILE, out / METRICS_FILE)
         result.metrics_path, result.last_checkpoint = out / METRICS_FILE, None
-        shutil.rmtree(train_settings.output_dir, ignore_errors=True)
 
         metrics: dict[str, float] = {}
         dev_outputs = None
@@ -182,12 +202,28 @@ def run_finetune(settings: FinetuneSettings, callbacks: Sequence[TrainerCallback
             tracker.close()
         raise
     spec = spec.model_copy(update={"dev_metrics": metrics})
-    if dev_outputs is not None:  # export's metric gate reuses them; keyed on the device that computed them
-        out.mkdir(parents=True, exist_ok=True)
-        dev_outputs.save(out / output_cache.CACHE_FILE, model)
-    model.cpu()
-    save_pretrained(model, out, tokenizer_from=base)
-    spec.save(out)
+    staging = model_staging(out, model, base)
+    with staged_model(out, staging):
+        if dev_outputs is not None:  # export's metric gate reuses them; keyed on the device that computed them
+            dev_outputs.save(staging / output_cache.CACHE_FILE, model)
+        model.cpu()
+        save_pretrained(model, staging, tokenizer_from=base)
+        spec.save(staging)
+        write_run_record(staging, settings, base, train_examples, dev_examples, train_minutes, eval_minutes, result,
+                         metrics, best_record, spec, cache_record, bad_rows)
+        write_card(staging, name=out.name)
+    shutil.rmtree(train_settings.output_dir, ignore_errors=True)  # the model is in place: the state is not needed
+    for tracker in run_trackers:
+        tracker.finish(out, saved_step, metrics)
+    return metrics
+
+
+def write_run_record(folder: Path, settings: FinetuneSettings, base: Path, train_examples: list,
+                     dev_examples: list, train_minutes: float, eval_minutes: float, result, metrics: dict[str, float],
+                     best_record: dict | None, spec, cache_record: dict | None, bad_rows: dict) -> None:
+    """finetune_run.json: the settings, data, result, dev metrics, speed and provenance of the run."""
+    from training.precision import cpu_bf16_support
+
     run = {
         "settings": json.loads(settings.model_dump_json()),
         "base": str(base),
@@ -212,12 +248,55 @@ def run_finetune(settings: FinetuneSettings, callbacks: Sequence[TrainerCallback
         "feature_cache": cache_record,
         "schedule": {"planned_steps": result.planned_steps, "steps": result.steps,
                      "fitted_to_budget": result.fitted_to_budget, "stopped_by": result.stopped_by},
+        "bad_rows": bad_rows,
     }
-    (out / "finetune_run.json").write_text(json.dumps(run, indent=2, default=str) + "\n", encoding="utf-8")
-    write_card(out)
-    for tracker in run_trackers:
-        tracker.finish(out, saved_step, metrics)
-    return metrics
+    (folder / "finetune_run.json").write_text(json.dumps(run, indent=2, default=str) + "\n", encoding="utf-8")
+
+
+def write_bad_rows(found: list, out: Path, policy: str) -> dict:
+    """OUT/errors.jsonl: the rows skipped under bad_rows "skip" (file, line, reason), written whole or not at all;
+    returns the run record's entry (policy, count, file)."""
+    from training.saving import atomic_write_text
+
+    path = out / ERRORS_FILE
+    if not found:
+        path.unlink(missing_ok=True)  # an earlier run's
+        return {"policy": policy, "count": 0, "file": None}
+    lines = [json.dumps({"file": e.path, "line": e.line, "reason": e.reason}, ensure_ascii=False) for e in found]
+    atomic_write_text(path, "\n".join(lines) + "\n")
+    return {"policy": policy, "count": len(found), "file": ERRORS_FILE}
+
+
+def model_staging(out: Path, model, base: Path) -> Path:
+    """The temporary folder the model is written into, inside `out`; refused up front when the disk has not the
+    room for the weights and the tokenizer files."""
+    from training.checkpoint import TOKENIZER_FILES
+    from training.saving import ensure_free_space, tensor_bytes
+
+    out.mkdir(parents=True, exist_ok=True)
+    size = tensor_bytes(model.state_dict()) + sum((base / n).stat().st_size for n in TOKENIZER_FILES
+                                                  if (base / n).is_file())
+    ensure_free_space(out, size, "the fine-tuned model")
+    return out / f".tmp-model-{os.getpid()}"
+
+
+@contextlib.contextmanager
+def staged_model(out: Path, staging: Path):
+    """Fill `staging`, then move its files into `out`, berth_task.json (what marks a model folder finished) last.
+    A refused write is one line and leaves the training state in OUT/train_state; the staging folder goes."""
+    from tasks.runtime.spec import TASK_FILE
+    from training.saving import disk_errors, publish_files
+
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+        kept = (f"{out} is as it was, and the training state is kept in {out / STATE_DIR}: free some space and run "
+                "the same command again to save the model")
+        with disk_errors(out, "the fine-tuned model", kept):
+            yield staging
+            publish_files(staging, out, marker=TASK_FILE)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _best_record(best, callbacks, metric: str | None, greater: bool, dev_metrics: dict[str, float], result,

@@ -80,6 +80,9 @@ class TrainLoopSettings(BaseModel):
     group_by_length: bool = Field(False, description="micro-batches of similar lengths (less padding, same "
                                   "examples); the dataset gives lengths via lengths() or len(item)")
     length_group_batches: int = Field(50, gt=0, description="group_by_length: micro-batches per sorted chunk")
+    max_nonfinite_steps: int = Field(0, ge=0, description="optimizer steps whose loss or gradient norm is not "
+                                     "finite (nan, inf) that are skipped (no update) before the run stops; 0: stop "
+                                     "at the first, keeping the last good training state")
     ddp_find_unused_parameters: bool = Field(False, description="DDP: look for parameters without a gradient at "
                                              "every step (slower; only for heads that leave some unused)")
 
@@ -157,6 +160,11 @@ class FinetuneSettings(TrainLoopSettings):
     regression: bool = Field(False, description="pair/classification: a numeric score (num_labels=1)")
     max_train_examples: int | None = Field(None, gt=0, description="use at most this many training examples")
     max_eval_examples: int | None = Field(None, gt=0, description="evaluate on at most this many dev examples")
+    bad_rows: Literal["stop", "skip"] = Field(
+        "stop", description="a row of the train or dev file that cannot be read (bad JSON, bytes that are not "
+        "UTF-8, a missing label, a bad tag, a malformed SQuAD question): stop at the first, naming its file and line, "
+        "or skip it and go on; skipped rows go to OUT/errors.jsonl, their count to finetune_run.json and the model "
+        "card")
     # -- model
     base: str = Field("default", description="base model folder: a Hugging Face BERT folder, a `berth pretrain` "
                       "output, or 'default' (the embedded all-MiniLM-L6-v2, L6/H384)")

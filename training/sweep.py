@@ -18,7 +18,9 @@ Order: restart-major (every cell's first restart, then every cell's second ...),
 by its time budget still has one trial of every cell.
 
 Failures: an exception in a trial, or a non-finite training loss or dev metric, makes that trial "failed"
-with the reason; the sweep goes on. KeyboardInterrupt and SIGKILL stop the sweep (the trial re-runs).
+with the reason; the sweep goes on. A user's error that no trial can get past (a bad row, a base that is not a
+checkpoint, a full disk: training.errors.UserFacingError other than a diverged run) stops the sweep with its one
+line. KeyboardInterrupt and SIGKILL stop the sweep (the trial re-runs).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from training import sweep_stats
+from training.errors import TrainingDiverged, UserFacingError
 from training.settings import FinetuneSettings
 from training.sweep_grid import describe
 
@@ -181,6 +184,11 @@ def run_trial(plan: SweepPlan, cell: int, seed: int, runner: Runner) -> dict[str
     try:
         metrics = runner(settings)
         record.update(status="ok", dev_metrics=metrics)
+    except TrainingDiverged as error:  # this trial's settings diverge: recorded, the sweep goes on
+        log.warning("trial %s failed: %s", record["id"], error)
+        record.update(status="failed", error=f"{type(error).__name__}: {error}"[:500], dev_metrics={})
+    except UserFacingError:  # bad data, a bad base, a full disk: every trial would fail the same way
+        raise
     except Exception as error:  # a crashing trial is recorded, the sweep goes on
         log.exception("trial %s failed", record["id"])
         record.update(status="failed", error=f"{type(error).__name__}: {error}".splitlines()[0][:500],

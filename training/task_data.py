@@ -25,6 +25,7 @@ from tasks.registry import definition
 from tasks.runtime.batching import pad_batch
 from tasks.runtime.inference import ItemRunner
 from tasks.runtime.spec import TaskSpec
+from training.errors import UserFacingError
 
 if TYPE_CHECKING:
     import torch
@@ -71,9 +72,38 @@ def _subsample(items: list, limit: int | None, seed: int | None) -> list:
 
 
 class TaskAdapter:
-    """What every adapter shares: evaluation runs the task definition's served steps on the model."""
+    """What every adapter shares: reading with the bad-rows choice, and evaluation running the task definition's
+    served steps on the model."""
 
     tokenizer: Tokenizer
+    settings: Any
+
+    def read(self, path: Path, limit: int | None, seed: int | None) -> list:
+        """The examples of `path` (at most `limit`: a seeded sample, the first ones when seed is None). A file that
+        cannot be read, and a bad row under bad_rows "stop", raise UserFacingError naming the file and line; under
+        "skip" a bad row is left out and kept in `self.bad_rows`."""
+        path = Path(path)
+        found = readers.BadRows(getattr(self.settings, "bad_rows", "stop"))
+        try:
+            examples = self._read(path, found)
+        except UnicodeDecodeError:  # a reader that decodes the whole file: say the line, not the byte offset
+            raise UserFacingError(readers.first_undecodable_line(path)) from None
+        except ValueError as error:  # readers.DataError, and a reader's other complaints about the file
+            message = str(error)
+            raise UserFacingError(message if message.startswith(str(path)) else f"{path}: {message}") from None
+        except OSError as error:
+            raise UserFacingError(f"{path}: cannot read: {error.strerror or error}") from None
+        self.bad_rows = [*getattr(self, "bad_rows", []), *found.found]
+        if not examples:
+            why = (f"all {len(found.found)} rows are bad, the first {found.found[0]}" if found.found
+                   else "the file is empty")
+            raise UserFacingError(f"{path}: no examples: {why}")
+        if found.found:
+            log.warning("%s: %d bad rows skipped, the first %s", path, len(found.found), found.found[0])
+        return _subsample(examples, limit, seed)
+
+    def _read(self, path: Path, bad: readers.BadRows) -> list:
+        raise NotImplementedError
 
     def evaluate(self, run: ItemRunner, examples: Sequence[Any], spec: TaskSpec) -> tuple[dict[str, float], dict]:
         """Dev metrics of the model `run` runs (training/torch_runner.torch_item_runner of a PyTorch head,
@@ -109,18 +139,20 @@ class ClassificationAdapter(TaskAdapter):
         self.regression = settings.regression
         self.pairs = "text_pair" in definition(settings.task).input_fields  # an input is two texts
 
-    def read(self, path: Path, limit: int | None, seed: int | None) -> list[readers.TextExample]:
+    def _read(self, path: Path, bad: readers.BadRows) -> list[readers.TextExample]:
         s = self.settings
-        fmt = _sniff_format(Path(path), s.data_format, s.task)
+        fmt = _sniff_format(path, s.data_format, s.task)
         if fmt in ("sst2", "mrpc", "stsb", "rte"):
             self.regression = self.regression or fmt == "stsb"
-            examples = readers.read_glue(path, fmt)
+            examples = readers.read_glue(path, fmt, bad_rows=bad, label_required=True)
         else:
             examples = readers.read_table(path, s.text_column, s.text_pair_column if self.pairs else None,
-                                          s.label_column, regression=self.regression)
+                                          s.label_column, regression=self.regression, bad_rows=bad,
+                                          label_required=True)
         if self.pairs and any(e.text_pair is None for e in examples):
-            raise ValueError(f"{path}: the {s.task} task needs a second text in every example")
-        return _subsample(examples, limit, seed)
+            raise ValueError(f"{path}: the {s.task} task needs a second text in every example "
+                             f"(the {s.text_pair_column!r} column)")
+        return examples
 
     def spec(self, train: list[readers.TextExample]) -> TaskSpec:
         s = self.settings
@@ -128,6 +160,9 @@ class ClassificationAdapter(TaskAdapter):
             return TaskSpec(task=s.task, labels=[], problem_type="regression",
                             max_seq_length=s.effective_max_seq_length())
         labels = s.labels or list(common.LabelSet.from_data(e.label for e in train))
+        unknown = sorted({str(e.label) for e in train} - set(labels))
+        if unknown:  # found here, before training, rather than at the first batch that holds one
+            raise UserFacingError(f"{s.train_file}: labels {unknown} are not among --labels {labels}")
         return TaskSpec(task=s.task, labels=labels, problem_type="single_label_classification",
                         max_seq_length=s.effective_max_seq_length())
 
@@ -151,8 +186,8 @@ class NERAdapter(TaskAdapter):
         self.settings = settings
         self.tokenizer = tokenizer
 
-    def read(self, path: Path, limit: int | None, seed: int | None) -> list[readers.NERExample]:
-        return _subsample(readers.read_conll(path), limit, seed)
+    def _read(self, path: Path, bad: readers.BadRows) -> list[readers.NERExample]:
+        return readers.read_conll(path, bad_rows=bad)
 
     def spec(self, train: list[readers.NERExample]) -> TaskSpec:
         s = self.settings
@@ -179,9 +214,12 @@ class QAAdapter(TaskAdapter):
         self.has_impossible = False
 
     def read(self, path: Path, limit: int | None, seed: int | None) -> list[qa.QAExample]:
-        examples = _subsample(qa.read_squad(path), limit, seed)
+        examples = super().read(path, limit, seed)
         self.has_impossible = self.has_impossible or any(e.is_impossible for e in examples)
         return examples
+
+    def _read(self, path: Path, bad: readers.BadRows) -> list[qa.QAExample]:
+        return qa.read_squad(path, bad_rows=bad)
 
     def spec(self, train: list[qa.QAExample]) -> TaskSpec:
         s = self.settings
@@ -211,11 +249,11 @@ class MultipleChoiceAdapter(TaskAdapter):
         self.settings = settings
         self.tokenizer = tokenizer
 
-    def read(self, path: Path, limit: int | None, seed: int | None) -> list[multiple_choice.ChoiceExample]:
-        examples = multiple_choice.read_choices(path)
+    def _read(self, path: Path, bad: readers.BadRows) -> list[multiple_choice.ChoiceExample]:
+        examples = multiple_choice.read_choices(path)  # a bad row stops the reading, whatever bad_rows says
         if any(e.label is None for e in examples):
             raise ValueError(f"{path}: every example needs a label (the index of the right choice)")
-        return _subsample(examples, limit, seed)
+        return examples
 
     def spec(self, train: list[multiple_choice.ChoiceExample]) -> TaskSpec:
         counts = sorted({len(e.choices) for e in train})
@@ -249,8 +287,8 @@ class RerankAdapter(TaskAdapter):
         self.settings = settings
         self.tokenizer = tokenizer
 
-    def read(self, path: Path, limit: int | None, seed: int | None) -> list[rerank.RerankExample]:
-        return _subsample(rerank.read_article_questions(path), limit, seed)
+    def _read(self, path: Path, bad: readers.BadRows) -> list[rerank.RerankExample]:
+        return rerank.read_article_questions(path)  # a bad question stops the reading, whatever bad_rows says
 
     def spec(self, train: list[rerank.RerankExample]) -> TaskSpec:
         s = self.settings

@@ -60,7 +60,7 @@ from training.distributed import (
     setup_distributed,
     teardown_distributed,
 )
-from training.errors import UserFacingError
+from training.errors import TrainingDiverged, UserFacingError
 from training.metrics_log import METRICS_FILE, MetricsLog, Window, batch_size_of, merge_windows
 from training.optimizer import (
     build_optimizer,
@@ -110,6 +110,7 @@ class TrainResult:
     precision: str = "fp32"  # what the steps computed in: fp32, or bf16 / fp16 autocast (weights stay fp32)
     evaluations: int = 0  # over this invocation
     eval_seconds: float = 0.0  # wall time of those evaluations (not counted in elapsed_s)
+    nonfinite_steps: int = 0  # steps skipped for a nan / inf loss or gradient norm, across resumes
 
     def to_dict(self) -> dict[str, Any]:
         return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
@@ -209,6 +210,7 @@ class _Run:
         self.step, self.epoch, self.micro_done, self.elapsed_before = 0, 0, 0, 0.0
         self.last_checkpoint: Path | None = None
         self.last_saved_step = -1
+        self.nonfinite_steps = 0  # skipped for a nan / inf loss or gradient norm, across resumes
         self.resumed_precision: str | None = None  # what a resumed run's training state computed in
         self.resumed_from = self._resume()
         self.precision_probe: dict[str, Any] | None = None
@@ -260,6 +262,7 @@ class _Run:
         self.scaler.load_state_dict(state["scaler"])
         self.step, self.epoch, self.micro_done = state["step"], state["epoch"], state["micro_batches_done"]
         self.elapsed_before = state["elapsed_s"]
+        self.nonfinite_steps = state.get("nonfinite_steps", 0)
         self.resumed_precision = state.get("precision")
         self.callback_states = state.get("callbacks", {})
         if "total_steps" in state and state["total_steps"] != self.plan.total_steps:  # a plan fitted to the budget
@@ -388,6 +391,8 @@ class _Run:
 
     def _optimizer_step(self, micro_batches: Iterator[dict[str, Any]], group: int, window: Window) -> None:
         s = self.settings
+        logged: list[tuple[str, torch.Tensor]] = []  # into the window once the step is known to be finite
+        nonfinite = torch.zeros((), dtype=torch.bool, device=self.device)
         for i in range(group):
             batch = next(micro_batches)
             examples, tokens, padded = batch_size_of(batch)
@@ -405,19 +410,48 @@ class _Run:
                     out = self.model(**batch)
                 loss = out["loss"]
                 self.scaler.scale(loss / group).backward()
-            window.add("loss", loss)
-            for key, value in out.items():
-                if key != "loss" and isinstance(value, torch.Tensor) and value.dim() == 0:
-                    window.add(key, value)
+            nonfinite |= ~torch.isfinite(loss.detach())
+            logged += [(key, value) for key, value in out.items()
+                       if isinstance(value, torch.Tensor) and value.dim() == 0]
         self.learning_rate = current_learning_rate(self.optimizer)  # the rate this step applies
         if s.max_grad_norm:
             self.scaler.unscale_(self.optimizer)
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.max_grad_norm)
-            window.add("grad_norm", norm)
+            logged.append(("grad_norm", norm))
+            if not self.scaler.is_enabled():  # fp16's scaler skips an overflowing step by itself, and says so
+                nonfinite |= ~torch.isfinite(norm.detach())
+        if any_rank(self.ctx, bool(nonfinite.item())):
+            self._skip_nonfinite_step(logged)
+            return
+        for key, value in logged:
+            window.add(key, value)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+
+    def _skip_nonfinite_step(self, logged: list[tuple[str, torch.Tensor]]) -> None:
+        """A step whose loss or gradient norm is nan or inf: its update is not applied. Up to max_nonfinite_steps
+        of them are skipped (the schedule moves on, the count goes into the result and the training state); past
+        that the run stops here with the weights of the step before, and the training states saved so far."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.update()  # a no-op in fp32 and bf16
+        self.nonfinite_steps += 1
+        step = self.step + 1
+        values = ", ".join(f"{key} {float(value.detach()):g}" for key, value in logged if key in ("loss", "grad_norm"))
+        if self.nonfinite_steps <= self.settings.max_nonfinite_steps:
+            self.scheduler.step()
+            log.warning("step %d: %s; skipped (%d of the %d non-finite steps allowed)", step, values,
+                        self.nonfinite_steps, self.settings.max_nonfinite_steps)
+            return
+        kept = (f"the last good training state (step {self.last_saved_step}) is kept in {self.last_checkpoint}"
+                if self.last_checkpoint is not None else "no training state had been saved yet")
+        allowed = self.settings.max_nonfinite_steps
+        raise TrainingDiverged(
+            f"training diverged at step {step}: {values} (learning rate {self.learning_rate:g}); no model was "
+            f"saved, {kept}. Lower the learning rate (--lr) and start over (--resume never)"
+            + (f", or allow more skipped steps than {allowed} (--max-nonfinite-steps)" if allowed else
+               ", or skip such steps (--max-nonfinite-steps N)"))
 
     # -- a time budget that keeps the schedule whole
 
@@ -477,7 +511,8 @@ class _Run:
             return
         means, tokens, padded, examples = merge_windows(summaries)
         seconds = max(time.perf_counter() - window.started, 1e-9)
-        record = {"step": self.step, "epoch": round(self._epoch_progress(), 4), "loss": means.pop("loss"),
+        loss = means.pop("loss", None)  # none when every step of the window was a skipped non-finite one
+        record = {"step": self.step, "epoch": round(self._epoch_progress(), 4), "loss": loss,
                   "learning_rate": self.learning_rate, "tokens_per_s": tokens / seconds,
                   "examples_per_s": examples / seconds, "padding_ratio": padded / max(tokens, 1),
                   "elapsed_s": round(self._elapsed(), 3), **means}
@@ -485,11 +520,12 @@ class _Run:
         self.metrics.write(record)
         for callback in self.callbacks:
             callback.on_log(record)
-        self.bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}", refresh=False)
+        shown = "-" if loss is None else f"{loss:.4f}"
+        self.bar.set_postfix(loss=shown, tok_s=f"{record['tokens_per_s']:.0f}", refresh=False)
         if not self.bar.disable:
             return
-        log.info("step %d/%d epoch %.2f loss %.4f lr %.3g %.0f tokens/s", self.step, self.plan.total_steps,
-                 record["epoch"], record["loss"], record["learning_rate"], record["tokens_per_s"])
+        log.info("step %d/%d epoch %.2f loss %s lr %.3g %.0f tokens/s", self.step, self.plan.total_steps,
+                 record["epoch"], shown, record["learning_rate"], record["tokens_per_s"])
 
     def _evaluate(self) -> None:
         barrier(self.ctx)
@@ -530,6 +566,7 @@ class _Run:
                 "epoch": self.epoch if self.micro_done < self.plan.micro_batches_per_epoch else self.epoch + 1,
                 "micro_batches_done": self.micro_done % self.plan.micro_batches_per_epoch,
                 "elapsed_s": self._elapsed(),
+                "nonfinite_steps": self.nonfinite_steps,
                 "total_steps": self.plan.total_steps,
                 "warmup_steps": self.plan.warmup_steps,
                 "seed": self.settings.seed,
@@ -603,6 +640,7 @@ class _Run:
             real_tokens=self.run_tokens * world, padded_tokens=self.run_padded_tokens * world,
             metrics_path=self.output_dir / METRICS_FILE, final_eval=self.final_eval, precision=self.precision,
             evaluations=self.evaluations, eval_seconds=round(self.eval_seconds, 3),
+            nonfinite_steps=self.nonfinite_steps,
         )
 
 

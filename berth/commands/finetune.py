@@ -53,7 +53,7 @@ FLAG_NAMES = {  # the flags' short names; every other setting is --its-name
 }
 GROUPS = {
     "data": ["task", "train_file", "dev_file", "out", "data_format", "text_column", "text_pair_column",
-             "label_column", "labels", "regression", "max_train_examples", "max_eval_examples"],
+             "label_column", "labels", "regression", "max_train_examples", "max_eval_examples", "bad_rows"],
     "model": ["base", "pooling", "max_seq_length", "doc_stride", "max_query_length", "version_2_with_negative",
               "label_all_tokens", "feature_based", "lstm_hidden_size", "lstm_layers", "negatives", "ranking_loss"],
     "training": ["epochs", "max_steps", "max_minutes", "fit_schedule_to_budget", "min_steps", "learning_rate",

@@ -64,7 +64,7 @@ def test_read_squad_v1_and_v2_dev(shared_data):
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        ("{not json", "not a UTF-8 JSON file"),
+        ("{not json", r"bad\.json:1: invalid JSON: Expecting property name"),
         ('{"version": "1.1"}', "expected a JSON object with a 'data' list"),
         ('{"data": [{"title": "t"}]}', r"data\[0\]: expected an object with a 'paragraphs' list"),
         ('{"data": [{"paragraphs": [{"qas": []}]}]}', r"data\[0\]\.paragraphs\[0\]: .*'context' string"),

@@ -267,8 +267,9 @@ def test_a_failing_trial_is_recorded_and_the_sweep_goes_on(tmp_path, tiny_base, 
     record = json.loads((out / "sweep.json").read_text())
     statuses = {t["id"]: (t["status"], t.get("error")) for t in record["trials"]}
     assert statuses["c00-seed42"] == ("failed", "RuntimeError: out of memory (planted)")
-    # lr 1e9: a real run whose weights blow up; the loss is not finite, so the trial is failed
-    assert statuses["c01-seed42"][0] == "failed" and "non-finite" in statuses["c01-seed42"][1]
+    # lr 1e9: a real run whose weights blow up; the loop stops at the first non-finite loss, the trial is failed
+    assert statuses["c01-seed42"][0] == "failed"
+    assert statuses["c01-seed42"][1].startswith("TrainingDiverged: training diverged at step ")
     assert statuses["c02-seed42"] == ("ok", None)
     assert record["counts"] == {"ok": 1, "failed": 2, "not_run": 0}
     assert code == 0 and document["winner"]["id"] == "c02-seed42" == record["winner"]["id"]
@@ -354,3 +355,16 @@ def test_best_of_seeds_is_a_one_cell_sweep(tmp_path, tiny_base):
     best = max(accuracies.values())
     assert record["winner"]["value"] == best and accuracies[record["winner"]["id"]] == best
     assert record["cells"][0]["ok"] == 2 and (tmp_path / "seeds" / "best" / "model.safetensors").is_file()
+
+
+def test_a_bad_row_stops_the_sweep_in_one_line(tmp_path, tiny_base, capsys):
+    train = tmp_path / "train.jsonl"
+    rows = (SAMPLES / "train.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)[:10]
+    train.write_text("".join(rows[:3]) + '{"text": "cut short\n' + "".join(rows[3:]), encoding="utf-8")
+    argv = sweep_args(tiny_base, tmp_path / "bad", *GRID)
+    argv[argv.index("--train") + 1] = str(train)
+    code, document, err = run_cli(capsys, argv)
+    assert code == 2 and document is None
+    assert err.strip().splitlines()[-1] == f"berth sweep: {train}:4: invalid JSON: Invalid control character at " \
+                                           "(character 20)"
+    assert not list((tmp_path / "bad").glob("trials/*/trial.json"))  # no trial recorded as if it had run
