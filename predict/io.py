@@ -300,18 +300,24 @@ def _id_kind(value: Any, table: bool) -> str:
     return type(value).__name__
 
 
-def has_column(reader: Reader, column: str) -> bool:
-    """Does the file have this column at all (Parquet: its schema; CSV/TSV: its header; JSON lines: the first
-    row)? A job without its id column numbers the rows instead."""
+def column_names(reader: Reader) -> list[str]:
+    """The file's columns (Parquet: its schema; CSV/TSV: its header; JSON lines: the first row's keys)."""
     if isinstance(reader, ParquetReader):
-        return column in reader.read_columns
+        return list(reader.file.schema_arrow.names)
     rows = reader.rows()
     try:
         first = next(rows, None)
     finally:
         rows.close()
         reader.position = 0
-    return first is not None and isinstance(first[1], dict) and column in first[1]
+    return list(first[1]) if first is not None and isinstance(first[1], dict) else []
+
+
+def has_column(reader: Reader, column: str) -> bool:
+    """Does the file have this column at all? A job without its id column numbers the rows instead."""
+    if isinstance(reader, ParquetReader):
+        return column in reader.read_columns
+    return column in column_names(reader)
 
 
 # -- output -------------------------------------------------------------------------------------------
