@@ -99,6 +99,12 @@ def _cell(value: float | None) -> str:
     return "refused" if value is None else f"{value:.3f}"
 
 
+def write(output: Path, threads: int, runs: list[dict]) -> None:
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps({"machine": machine_facts(threads), "train_counts": TRAIN_COUNTS,
+                                  "dev_rows": DEV_ROWS, "runs": runs}, indent=2) + "\n")
+
+
 def main(argv: list[str] | None = None) -> None:
     import csv
 
@@ -137,15 +143,13 @@ def main(argv: list[str] | None = None) -> None:
                            "labels_agreeing": _accuracy(theirs, ours)}
                     print(json.dumps(run), flush=True)
                     runs.append(run)
+                    write(args.output, threads, runs)  # after every run: a long sweep keeps what it measured
     print(f"\n{'pooling':<8}{'seed':>6}{'epochs':>8}{'steps':>7}{'berth acc':>11}{'plain pipeline':>16}"
           f"{'trust_remote_code':>19}{'agree':>8}")
     for r in runs:
         print(f"{r['pooling']:<8}{r['seed']:>6}{r['epochs']:>8g}{r['steps']:>7}{r['berth_dev_accuracy']:>11.3f}"
               f"{_cell(r['plain_pipeline_dev_accuracy']):>16}{_cell(r['transformers_pipeline_dev_accuracy']):>19}"
               f"{_cell(r['labels_agreeing']):>8}")
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps({"machine": machine_facts(threads), "train_counts": TRAIN_COUNTS,
-                                       "dev_rows": DEV_ROWS, "runs": runs}, indent=2) + "\n")
     print(f"wrote {args.output}")
 
 
