@@ -70,8 +70,8 @@ class TrainLoopSettings(BaseModel):
                                          "optimizer steps (and at the end)")
     save_every_minutes: float | None = Field(None, gt=0, description="save the resumable training state after "
                                              "this many minutes of training since the last save (and at the end), "
-                                             "so that the same command resumes after a kill; never more often than "
-                                             "20x the time the last save took")
+                                             "so that the same command resumes after a kill; the wait is at least "
+                                             "20 times what the last save took")
     log_every_steps: int = Field(10, gt=0, description="optimizer steps between lines of metrics.jsonl")
     eval_every_steps: int | None = Field(None, gt=0, description="evaluate every N optimizer steps (and at the end)")
     keep_last_states: int | None = Field(2, gt=0, description="training states kept on disk, older ones deleted; "
