@@ -42,6 +42,7 @@ def evaluate_report(
     entity type and a confusion matrix) and one prediction per example: its id, the served answer, the gold.
     `columns`: text_column / text_pair_column / label_column / id_column of a table file (default: those the
     model's fine-tuning run read, else text, text_pair, label, id)."""
+    from tasks.definition import TaskDefinition
     from tasks.registry import definition
     from training import task_data
     from training.finetune import FinetuneSettings
@@ -63,7 +64,10 @@ def evaluate_report(
     examples = adapter.read(Path(data), limit=limit, seed=None)
     task = definition(spec.task)
     results = task.predict(tokenizer, spec, [task.served_input(e) for e in examples], run)
-    metrics, _ = task.score(spec, examples, results)
+    if type(task).evaluate is TaskDefinition.evaluate:  # evaluating is scoring the served answers: one pass
+        metrics, _ = task.score(spec, examples, results)
+    else:  # a metric of its own (QA: the official script's, its v2 threshold chosen on these examples)
+        metrics, _ = task.evaluate(tokenizer, spec, examples, run)
     report = {"model": str(folder), "data": str(data), "task": spec.task, "examples": len(examples),
               "metrics": metrics, **task.report(spec, examples, results)}
     ids = example_ids(Path(data), examples, id_column)
