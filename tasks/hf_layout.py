@@ -91,10 +91,11 @@ def mark_for_transformers(folder: Path, architecture: str, pooling: str | None) 
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def loading_instructions(folder: Path) -> str:
-    """The model card's sentence on loading the folder in transformers, from its config.json."""
+def loading_instructions(folder: Path, name: str | None = None) -> str:
+    """The model card's sentence on loading the folder in transformers, from its config.json; `name`: the folder
+    as the user knows it (default: its name)."""
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    model_type, name = config.get("model_type", "bert"), folder.name
+    model_type, name = config.get("model_type", "bert"), name or folder.name
     if model_type == MEAN_POOLED_TYPE:
         return (f"In transformers it loads with its own code ({CODE_FILE}: mean pooling, as berth trained it): "
                 f"`pipeline(\"text-classification\", model=\"{name}\", trust_remote_code=True)` or "

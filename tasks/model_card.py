@@ -94,7 +94,7 @@ def finetuned_card(folder: Path, command: str | None = None) -> str:
     where = _folder_as_given(folder)
     how = (f"`berth export {shlex.quote(where)} --out models/{folder.name}` makes an ONNX bundle of it for "
            f"`berth serve` and `berth predict`; `berth evaluate {shlex.quote(where)} DATA` scores it on a labelled "
-           f"file.\n\n{loading_instructions(folder)}")
+           f"file.\n\n{loading_instructions(folder, where)}")
     return _card(facts, library="transformers", how=how)
 
 
