@@ -8,7 +8,7 @@ ways: berth's own dev metric, transformers' `pipeline("text-classification")` on
 how many dev labels the two agree on. A head that transformers cannot reproduce shows as a gap
 between the first two.
 
-    python -m bench.pooling_finetune [--seeds 42 1] [--epochs 3]
+    python -m bench.pooling_finetune [--seeds 42 1] [--epochs 3] [--poolings cls mean] [--output FILE]
 
 Writes ``bench/results/pooling_finetune.json``.
 """
@@ -114,6 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[42, 1])
     parser.add_argument("--epochs", type=float, nargs="+", default=[3.0])
+    parser.add_argument("--poolings", nargs="+", choices=("cls", "mean"), default=["cls", "mean"])
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     threads = default_threads()
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
         texts, gold = [r["text"] for r in dev_rows], [r["label"] for r in dev_rows]
         for epochs in args.epochs:
             for seed in args.seeds:
-                for pooling in ("cls", "mean"):
+                for pooling in args.poolings:
                     out = Path(tmp) / f"{pooling}-{seed}-{epochs}"
                     started = time.time()
                     metrics = run_finetune(FinetuneSettings(

@@ -275,8 +275,9 @@ def evaluation_table(records: list[dict]) -> str:
     return "\n".join(lines) if len(lines) > 2 else "(no run evaluated while training)"
 
 
-POOLING_RUNS = {"before": REPO / "bench" / "results" / "pooling_finetune-before.json",
-                "after": REPO / "bench" / "results" / "pooling_finetune.json"}
+POOLING_RUNS = [("before", REPO / "bench" / "results" / "pooling_finetune-before.json"),
+                ("after", REPO / "bench" / "results" / "pooling_finetune.json"),
+                ("after", REPO / "bench" / "results" / "pooling_finetune-mean.json")]
 
 
 def pooling_finetune_table(records: list[dict]) -> str:
@@ -286,12 +287,13 @@ def pooling_finetune_table(records: list[dict]) -> str:
         return "refused" if value is None else f"{100 * value:.1f}"
 
     rows, machines = [], []
-    for layout, path in POOLING_RUNS.items():
+    for layout, path in POOLING_RUNS:
         if not path.is_file():
             continue
         data = json.loads(path.read_text(encoding="utf-8"))
-        machines.append(f"{layout}: git {str(data['machine']['git_revision'])[:12]}, {data['machine']['cpu_model']}, "
-                        f"load {data['machine']['load_average'][0]:.1f}")
+        machine = data["machine"]
+        machines.append(f"{path.name}: git {str(machine['git_revision'])[:12]}, {machine['cpu_model']}, "
+                        f"load {machine['load_average'][0]:.1f}")
         for run in data["runs"]:
             plain = run.get("plain_pipeline_dev_accuracy", run["transformers_pipeline_dev_accuracy"])
             with_code = run["transformers_pipeline_dev_accuracy"] if "plain_pipeline_dev_accuracy" in run else None
