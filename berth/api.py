@@ -141,7 +141,11 @@ class Model:
 
     def __call__(self, inputs: Any = _NO_INPUT, /, **options: Any) -> Any:
         """The task's own route: one input -> its result; a list -> one result per input, in order. The inputs
-        and options are the route's request fields (`/docs` of a server, or `Model.routes`)."""
+        and options are the route's request fields (`/docs` of a server, or `Model.routes`).
+
+        A regression model's `score` is on the scale of the labels it was trained on, not a probability: the
+        shipped `similarity` model (STS-B) answers 0 (unrelated) to 5 (the same meaning), and may pass either
+        end a little."""
         path = self.routes[0]
         if self._handlers[path].endpoint.kind == "ranking":
             body = {**(inputs if inputs is not _NO_INPUT else {}), **options}

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -85,17 +85,36 @@ def merged_settings(model: type[Settings], config: Path | None, flags: Mapping[s
     try:
         return model(**{**(base or {}), **from_file, **flags})
     except ValidationError as error:
-        raise ConfigError(describe_errors(error, from_file, config)) from None
+        raise ConfigError(describe_errors(error, from_file, config, model.model_fields)) from None
 
 
-def describe_errors(error: ValidationError, from_file: Mapping[str, Any], config: Path | None) -> str:
-    """A ValidationError as one line: each problem with the setting it is about and where it came from."""
+def did_you_mean(name: str, fields: list[str]) -> str | None:
+    """The setting an unknown name most likely means: the field a flag's short name stands for (lr ->
+    learning_rate), else the closest spelling among `fields`."""
+    import difflib
+
+    try:
+        from training.sweep_grid import ALIASES
+    except ImportError:  # a serving install
+        ALIASES = {}
+    key = name.replace("-", "_").lstrip("_")
+    if ALIASES.get(key) in fields:
+        return ALIASES[key]
+    close = difflib.get_close_matches(key, fields, n=1, cutoff=0.75)
+    return close[0] if close else None
+
+
+def describe_errors(error: ValidationError, from_file: Mapping[str, Any], config: Path | None,
+                    fields: Iterable[str] = ()) -> str:
+    """A ValidationError as one line: each problem with the setting it is about and where it came from; an
+    unknown name with the setting it most likely means (a flag's short name, or a close spelling of `fields`)."""
     problems = []
     for item in error.errors():
         name = ".".join(str(part) for part in item["loc"])
         origin = f" in {config}" if config and item["loc"] and item["loc"][0] in from_file else ""
         if item["type"] == "extra_forbidden":
-            problems.append(f"unknown setting {name!r}{origin}")
+            meant = did_you_mean(name, list(fields))
+            problems.append(f"unknown setting {name!r}{origin}" + (f" (did you mean {meant!r}?)" if meant else ""))
         elif item["type"] == "missing":
             problems.append(f"missing setting {name!r} (a flag or a field of --config)")
         elif name:

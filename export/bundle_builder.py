@@ -26,6 +26,7 @@ from tasks.runtime.bundle import FORMAT_VERSION, MODEL_FILE, PRECISION_PROVIDERS
 from tasks.runtime.onnx_session import CPU, CUDA, create_session, onnx_item_runner, onnx_runner
 from tasks.runtime.progress import Progress, counted
 from tasks.runtime.tokenizer import load_tokenizer
+from training.evaluate import recorded_columns
 from training.saving import disk_errors, ensure_free_space, replace_directory, tensor_bytes
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,7 @@ def export_bundle(settings: ExportSettings, example_inputs: list[Any] | None = N
     trained_on = finetune_files(checkpoint)
     calibration_file = _existing(settings.calibration_data) or trained_on.get("train_file")
     dev_file = _existing(settings.dev_data) or trained_on.get("dev_file")
+    columns = recorded_columns(checkpoint)  # a table dev file is read with the columns fine-tuning read
     convert = CONVERTERS[precision]
     if precision == "int8":
         recipe = settings.int8_recipe or DEFAULT_RECIPE
@@ -120,7 +122,9 @@ def export_bundle(settings: ExportSettings, example_inputs: list[Any] | None = N
 
         tokenizer = load_tokenizer(final / TOKENIZER_FILE)
         examples, source = parity.parity_slice(
-            spec, tokenizer, data_dir, settings.parity_examples or definition(spec.task).parity_examples)
+            spec, tokenizer, data_dir, settings.parity_examples or definition(spec.task).parity_examples,
+            dev_file=dev_file, columns=columns)
+        _say_gate_data(dev_file, settings.dev_data, source, precision)
         output_names = definition(spec.task).output_names
         reference = torch_runner(model, output_names)
         reports = []
@@ -136,7 +140,7 @@ def export_bundle(settings: ExportSettings, example_inputs: list[Any] | None = N
                                              metric_checked=dev_file is not None)
             if precision != "fp32":
                 report = _with_metric_gate(report, spec, tokenizer, dev_file, model, session,
-                                           settings.metric_examples, checkpoint)
+                                           settings.metric_examples, checkpoint, columns)
             log.info("%s", parity.format_report(report))
             reports.append(report)
             if used == CPU:  # what a batching server or `berth predict` runs on the CPU
@@ -168,8 +172,21 @@ def export_bundle(settings: ExportSettings, example_inputs: list[Any] | None = N
 CONVERTERS = {"fp32": lambda source, target: Path(shutil.copyfile(source, target)), "fp16": to_fp16, "int8": to_int8}
 
 
+def _say_gate_data(dev_file: Path | None, given: Path | None, source: str, precision: str) -> None:
+    """One line on what the gates read: the model's own dev file, or (without one) the task's shipped data."""
+    if dev_file is not None:
+        whose = "given with --dev-data" if given is not None else "recorded in the folder's finetune_run.json"
+        gates = "parity and task-metric gates read" if precision != "fp32" else "parity gate reads"
+        log.info("the %s the model's own dev file %s (%s)", gates, dev_file, whose)
+    else:
+        log.warning("no dev file of this model (none recorded in finetune_run.json, no --dev-data): the parity gate "
+                    "reads %s, the task's shipped data, not data this model was trained for; pass --dev-data FILE "
+                    "to gate it on its own", source)
+
+
 def _with_metric_gate(report: dict[str, Any], spec, tokenizer, dev_file: Path | None, model, session,
-                      metric_examples: int | None, checkpoint: Path) -> dict[str, Any]:
+                      metric_examples: int | None, checkpoint: Path,
+                      columns: dict[str, str] | None = None) -> dict[str, Any]:
     """Add the task-metric gate to an fp16/int8 agreement report; raise `ParityError` if either failed. The
     PyTorch reference is read from the checkpoint's own dev evaluation (training/output_cache.py) where it holds
     these weights' outputs on these inputs, and computed otherwise."""
@@ -180,7 +197,8 @@ def _with_metric_gate(report: dict[str, Any], spec, tokenizer, dev_file: Path | 
         reference = output_cache.Reusing(torch_item_runner(model, "metric gate: PyTorch"), model,
                                          checkpoint / output_cache.CACHE_FILE)
         metric = parity.metric_gate(spec, tokenizer, dev_file, reference,
-                                    onnx_item_runner(session, progress="metric gate: ONNX"), metric_examples)
+                                    onnx_item_runner(session, progress="metric gate: ONNX"), metric_examples,
+                                    columns=columns)
         metric["reference_outputs"] = "the checkpoint's dev evaluation" if reference.reused else "computed"
         report = {**report, "metric": metric, "passed": report["passed"] and metric["passed"],
                   "threshold": {**report["threshold"], "metric_drop_points": metric["max_drop_points"]}}

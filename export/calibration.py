@@ -21,15 +21,16 @@ DEFAULT_EXAMPLES = 128
 BATCH_SIZE = 8
 
 
-def adapter(spec: TaskSpec, tokenizer: Tokenizer, path: Path) -> Any:
-    """The training adapter of `spec`'s task, set to the spec's sequence settings."""
+def adapter(spec: TaskSpec, tokenizer: Tokenizer, path: Path, columns: dict[str, str] | None = None) -> Any:
+    """The training adapter of `spec`'s task, set to the spec's sequence settings and a table file's `columns`
+    (text_column, text_pair_column, label_column; default text, text_pair, label)."""
     from training import task_data
     from training.finetune import FinetuneSettings
 
     settings = FinetuneSettings(task=spec.task, train_file=path, out=Path("."),
                                 regression=spec.problem_type == "regression", labels=spec.labels or None,
                                 max_seq_length=spec.max_seq_length, doc_stride=spec.doc_stride,
-                                max_query_length=spec.max_query_length)
+                                max_query_length=spec.max_query_length, **(columns or {}))
     return task_data.adapter_for(settings, tokenizer)
 
 

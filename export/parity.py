@@ -83,15 +83,37 @@ def default_data_dir() -> Path | None:
 # -- the dev slice -----------------------------------------------------------------------------------
 
 
-def parity_slice(spec: TaskSpec, tokenizer: Tokenizer, data_dir: Path | None,
-                 size: int) -> tuple[list[ParityExample], str]:
-    """`size` real examples of the task, prepared with the spec's settings, and where they came from."""
+def parity_slice(spec: TaskSpec, tokenizer: Tokenizer, data_dir: Path | None, size: int,
+                 dev_file: Path | None = None, columns: dict[str, str] | None = None,
+                 ) -> tuple[list[ParityExample], str]:
+    """`size` real examples of the task, prepared with the spec's settings, and where they came from: the model's
+    own `dev_file` where there is one (read as fine-tuning read it, with its table `columns`), else the task's
+    shipped sample (or its public set in `data_dir`), else built-in inputs."""
     task = definition(spec.task)
-    path = _first_file(data_dir, *task.parity_files) if task.parity_files else None
+    if dev_file is not None:
+        raws = own_inputs(spec, tokenizer, dev_file, size, columns)
+        source = str(dev_file)
+    else:
+        path = _first_file(data_dir, *task.parity_files) if task.parity_files else None
+        raws, source = task.parity_inputs(path, size), str(path) if path else "built-in inputs"
     examples = [ParityExample(str(getattr(raw, "id", "") or f"{spec.task}-{i}"),
                               task.prepare_parity(tokenizer, spec, raw))
-                for i, raw in enumerate(task.parity_inputs(path, size))]
-    return examples, str(path) if path else "built-in inputs"
+                for i, raw in enumerate(raws)]
+    return examples, source
+
+
+def own_inputs(spec: TaskSpec, tokenizer: Tokenizer, dev_file: Path, size: int,
+               columns: dict[str, str] | None = None) -> list[Any]:
+    """The first `size` inputs of a model's dev file as a client would send them. A task whose gate prepares inputs
+    of its own shape (multiple choice: one context-choice pair at a time) reads the file its own way."""
+    from export.calibration import adapter
+    from tasks.definition import TaskDefinition
+
+    task = definition(spec.task)
+    if type(task).prepare_parity is not TaskDefinition.prepare_parity:
+        return task.parity_inputs(dev_file, size)
+    examples = adapter(spec, tokenizer, dev_file, columns).read(dev_file, limit=size, seed=None)
+    return [task.served_input(example) for example in examples]
 
 
 def _first_file(data_dir: Path | None, shared: str, sample: str | None) -> Path | None:
@@ -248,8 +270,13 @@ def check_parity(
 def _confident_phrase(report: dict[str, Any]) -> str:
     if report.get("confident_fallback_all_examples"):
         return f"counted over all of them (fewer than {MIN_CONFIDENT} where the reference is confident)"
-    return (f"{report['confident_agreement']:.2%} of the {report['confident_examples']} where the reference is "
-            f"confident (margin >= {report['confident_margin']:g})")
+    phrase = (f"{report['confident_agreement']:.2%} of the {report['confident_examples']} where the reference is "
+              f"confident (margin >= {report['confident_margin']:g})")
+    if report["precision"] == "fp32":
+        phrase += "; for information: fp32 is gated on max |Δ|"
+    elif report["confident_examples"] < MIN_CONFIDENT and report.get("metric"):
+        phrase += "; few are confident, so the task-metric gate on gold answers decides"
+    return phrase
 
 
 def _agreement_measure(spec: TaskSpec, tolerance: float | None) -> str:
@@ -279,11 +306,12 @@ def _jsonable(value: Any) -> Any:
 
 def format_report(report: dict[str, Any]) -> str:
     """One paragraph a person can act on: what was compared, the figures, the verdict."""
-    verdict = "passed" if report["passed"] else "FAILED"
+    verdict = "passed" if report["passed"] else "FAILED: the bundle is not written"
     limit = ", ".join(f"{k} {'>=' if k == 'confident_agreement' else '<='} {v:g}"
                       for k, v in report["threshold"].items())
     lines = [
-        f"parity {verdict} for {report['precision']} on {report['provider']} (required: {limit}):",
+        f"parity gate {verdict} ({report['precision']} ONNX on {report['provider']} against PyTorch; required: "
+        f"{limit}):",
         f"  max |Δ| {report['max_abs_diff']:.3g} (by output: "
         + ", ".join(f"{k} {v:.3g}" for k, v in report["max_abs_diff_by_output"].items())
         + f"), mean |Δ| {report['mean_abs_diff']:.3g}",
@@ -305,13 +333,13 @@ def format_report(report: dict[str, Any]) -> str:
 
 def metric_gate(
     spec: TaskSpec, tokenizer: Tokenizer, dev_file: Path, reference: ItemRunner, candidate: ItemRunner,
-    limit: int | None = None, max_drop: float = MAX_METRIC_DROP,
+    limit: int | None = None, max_drop: float = MAX_METRIC_DROP, columns: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Score `reference` and `candidate` on the first `limit` examples of `dev_file` with the task's official
     metric; passed when the candidate's headline metric is at most `max_drop` points lower."""
     from export.calibration import adapter
 
-    task = adapter(spec, tokenizer, dev_file)
+    task = adapter(spec, tokenizer, dev_file, columns)
     examples = task.read(dev_file, limit=limit or definition(spec.task).metric_examples, seed=None)
     ref_metrics, _ = task.evaluate(reference, examples, spec)
     cand_metrics, _ = task.evaluate(candidate, examples, spec)
@@ -333,6 +361,6 @@ def metric_gate(
 
 def format_metric(figures: dict[str, Any]) -> str:
     verdict = "passed" if figures["passed"] else "FAILED"
-    return (f"task metric {verdict}: {figures['name']} {figures['candidate']:.2f} "
+    return (f"task-metric gate {verdict}: {figures['name']} {figures['candidate']:.2f} "
             f"vs reference {figures['reference']:.2f} ({figures['delta_points']:+.2f} points, "
             f"at most -{figures['max_drop_points']:g} allowed) on {figures['examples']} examples of {figures['data']}")

@@ -21,6 +21,7 @@ import re
 import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -300,18 +301,35 @@ def _id_kind(value: Any, table: bool) -> str:
     return type(value).__name__
 
 
+COLUMN_SAMPLE_ROWS = 1000  # JSON lines have no header: the fields of this many first rows stand for the file's
+
+
+def _first_rows(reader: Reader, count: int) -> list[dict[str, Any]]:
+    """The readable rows among the first `count` (the reader is rewound after)."""
+    rows = reader.rows()
+    try:
+        return [row for _, row in islice(rows, count) if isinstance(row, dict)]
+    finally:
+        rows.close()
+        reader.position = 0
+
+
+def column_names(reader: Reader) -> list[str]:
+    """The file's columns: Parquet's schema, a CSV/TSV header, or the fields of the first JSON lines."""
+    if isinstance(reader, ParquetReader):
+        return list(reader.file.schema_arrow.names)
+    if isinstance(reader, TableReader):
+        return reader.header() or []
+    return list({name: None for row in _first_rows(reader, COLUMN_SAMPLE_ROWS) for name in row})
+
+
 def has_column(reader: Reader, column: str) -> bool:
     """Does the file have this column at all (Parquet: its schema; CSV/TSV: its header; JSON lines: the first
     row)? A job without its id column numbers the rows instead."""
     if isinstance(reader, ParquetReader):
         return column in reader.read_columns
-    rows = reader.rows()
-    try:
-        first = next(rows, None)
-    finally:
-        rows.close()
-        reader.position = 0
-    return first is not None and isinstance(first[1], dict) and column in first[1]
+    first = _first_rows(reader, 1)
+    return bool(first) and column in first[0]
 
 
 # -- output -------------------------------------------------------------------------------------------

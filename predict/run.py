@@ -92,6 +92,7 @@ class Job:
     restart: bool = False
     keep_parts: bool = False
     progress: bool = True
+    id_column_given: bool = False  # the id column was named: a file without it is refused, not numbered
 
 
 class Model:
@@ -365,6 +366,7 @@ def setup(job: Job, bundle: Any, options: Any) -> Setup:
     c = job.columns
     reader = io.open_reader(job.input, in_kind,
                             [c.text, c.pair, c.question, c.context, c.choices, c.query, c.documents, c.id])
+    refuse_missing_columns(job, reader, definition(bundle.spec().task))
     id_from_column = io.has_column(reader, c.id)
     id_type = io.id_type(reader, c.id) if id_from_column else "int64"
     spec = bundle.spec()
@@ -379,6 +381,28 @@ def setup(job: Job, bundle: Any, options: Any) -> Setup:
                    "options": options.model_dump(mode="json"), "window": job.window, "format": out_kind}
     store = PartStore(job.output, out_kind, fingerprint)
     return Setup(in_kind, out_kind, reader, id_from_column, id_type, schema, store)
+
+
+def refuse_missing_columns(job: Job, reader: io.Reader, task: Any) -> None:
+    """Raise ValueError before the first pass when the file lacks a column every row needs (the text, or each
+    field of the task's input object), or the id column the job was told to read: every row would fail."""
+    found = io.column_names(reader)
+    if not found:
+        return  # an empty file: nothing to run
+    c = job.columns
+    needed = [c.of(name) for name in task.input_fields] if task.input_fields else [c.text]
+    if job.id_column_given:
+        needed.append(c.id)
+    missing = [column for column in needed if column not in found]
+    if missing:
+        flags = ", ".join(f"--{column_field(c, m)}-column" for m in missing)
+        raise ValueError(f"input {job.input}: no {' or '.join(repr(m) for m in missing)} column; its columns are "
+                         f"{found} (name the right one with {flags})")
+
+
+def column_field(columns: Columns, column: str) -> str:
+    """The Columns field that names `column` (text, pair, id ...)."""
+    return next(name for name, value in asdict(columns).items() if value == column)
 
 
 def refuse_overwriting_input(job: Job) -> None:

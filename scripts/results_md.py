@@ -275,9 +275,43 @@ def evaluation_table(records: list[dict]) -> str:
     return "\n".join(lines) if len(lines) > 2 else "(no run evaluated while training)"
 
 
+POOLING_RUNS = [("before", REPO / "bench" / "results" / "pooling_finetune-before.json"),
+                ("after", REPO / "bench" / "results" / "pooling_finetune.json"),
+                ("after", REPO / "bench" / "results" / "pooling_finetune-mean.json")]
+
+
+def pooling_finetune_table(records: list[dict]) -> str:
+    """bench/pooling_finetune.py: cls vs mean fine-tuned on a user-sized file, and transformers on the saved folder
+    (before: the folder as berth saved it until then; after: as it saves it now)."""
+    def cell(value) -> str:
+        return "refused" if value is None else f"{100 * value:.1f}"
+
+    rows, machines = [], []
+    for layout, path in POOLING_RUNS:
+        if not path.is_file():
+            continue
+        data = json.loads(path.read_text(encoding="utf-8"))
+        machine = data["machine"]
+        machines.append(f"{path.name}: git {str(machine['git_revision'])[:12]}, {machine['cpu_model']}, "
+                        f"load {machine['load_average'][0]:.1f}")
+        for run in data["runs"]:
+            plain = run.get("plain_pipeline_dev_accuracy", run["transformers_pipeline_dev_accuracy"])
+            with_code = run["transformers_pipeline_dev_accuracy"] if "plain_pipeline_dev_accuracy" in run else None
+            rows.append(f"| {layout} | {run['pooling']} | {run['seed']} | {run['epochs']:g} | {run.get('steps', '')} | "
+                        f"{cell(run['berth_dev_accuracy'])} | {cell(plain)} | "
+                        f"{'—' if with_code is None else cell(with_code)} | {cell(run['labels_agreeing'])} |")
+    if not rows:
+        return "(not measured: run `python -m bench.pooling_finetune`)"
+    return "\n".join([
+        "| saved folder | pooling | seed | epochs | steps | berth dev accuracy | transformers pipeline | "
+        "pipeline, trust_remote_code | labels agreeing with berth |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|", *rows, "", "Records: " + "; ".join(machines) + "."])
+
+
 BLOCKS = {"targets": targets_table, "runs": runs_table, "speed": speed_table, "precision": precision_table,
           "padding": padding_table,
-          "pooling": pooling_table, "table7": table7, "sweep": sweep_table, "evaluation": evaluation_table}
+          "pooling": pooling_table, "pooling-finetune": pooling_finetune_table, "table7": table7,
+          "sweep": sweep_table, "evaluation": evaluation_table}
 
 
 def render(text: str, records: list[dict]) -> str:

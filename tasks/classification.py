@@ -167,6 +167,13 @@ class ClassificationTask(TaskDefinition):
         return cls_metrics.classification_metrics([r["label"] for r in results], [str(e.label) for e in examples],
                                                   positive=positive), {}
 
+    def report(self, spec, examples, results) -> dict[str, Any]:
+        from tasks import cls_metrics
+
+        if spec.problem_type == REGRESSION:
+            return {}
+        return cls_metrics.label_report([r["label"] for r in results], [str(e.label) for e in examples], spec.labels)
+
     def parity_answer(self, tokenizer, spec, prepared, outputs) -> Hashable:
         logits = outputs[0]["logits"]  # (C,)
         kind = resolve_problem_type(spec.problem_type, logits.shape[-1])

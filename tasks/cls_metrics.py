@@ -98,3 +98,38 @@ def regression_metrics(predictions: Sequence[float], references: Sequence[float]
     """STS-B's figures: Pearson, Spearman and their mean (GLUE's combined score)."""
     p, s = pearson(predictions, references), spearman(predictions, references)
     return {"pearson": p, "spearman": s, "combined_score": (p + s) / 2}
+
+
+def label_report(
+    predictions: Sequence[Hashable], references: Sequence[Hashable], labels: Sequence[Hashable] = ()
+) -> dict:
+    """Per-label precision, recall, F1 and support; their macro and support-weighted averages; and the confusion
+    matrix (rows: the reference label, columns: the predicted one), as scikit-learn's classification_report and
+    confusion_matrix compute them (a label never predicted has precision 0). `labels`: the order of the rows; a
+    label found in the data but not listed is added after them."""
+    _check(predictions, references)
+    order = list(labels) + sorted(set(references) - set(labels), key=repr) + sorted(
+        set(predictions) - set(references) - set(labels), key=repr)
+    index = {label: i for i, label in enumerate(order)}
+    confusion = np.zeros((len(order), len(order)), dtype=np.int64)
+    for p, r in zip(predictions, references):
+        confusion[index[r], index[p]] += 1
+    per_label = {}
+    for i, label in enumerate(order):
+        tp, predicted, support = confusion[i, i], confusion[:, i].sum(), confusion[i].sum()
+        precision = tp / predicted if predicted else 0.0
+        recall = tp / support if support else 0.0
+        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+        per_label[str(label)] = {"precision": float(precision), "recall": float(recall), "f1": float(f1),
+                                 "support": int(support)}
+    seen = set(predictions) | set(references)  # the averages run over labels in the data, as scikit-learn's
+    present = [per_label[str(label)] for label in order if label in seen]
+    total = sum(f["support"] for f in present)
+    averages = {
+        name: {key: float(np.mean([f[key] for f in present])) if name == "macro"
+               else float(sum(f[key] * f["support"] for f in present) / total)
+               for key in ("precision", "recall", "f1")} | {"support": total}
+        for name in ("macro", "weighted")
+    }
+    return {"per_label": per_label, "averages": averages,
+            "confusion_matrix": {"labels": [str(label) for label in order], "rows": confusion.tolist()}}

@@ -303,6 +303,10 @@ class TaskDefinition:
         """Metrics of decoded results against the examples' gold, and spec updates (e.g. a chosen threshold)."""
         raise NotImplementedError(f"{self.name}: no metric")
 
+    def report(self, spec: TaskSpec, examples: Sequence[Any], results: Sequence[Any]) -> dict[str, Any]:
+        """What `berth evaluate` reports beyond the metrics (per label, per entity type); nothing by default."""
+        return {}
+
     def headline_metric(self, metrics: dict[str, float]) -> tuple[str, float]:
         """The metric the parity gate guards and its scale to points (metrics in fractions: 100)."""
         return ("pearson" if "pearson" in metrics else "accuracy"), 100.0

@@ -64,7 +64,15 @@ def dataset_name(data_file: str | Path | None) -> str | None:
     folder = Path(data_file).parent
     while folder.name in VERSION_FOLDERS and folder.parent != folder:
         folder = folder.parent
-    return folder.name or Path(data_file).stem
+    if not folder.name or _is_temporary(folder):  # a folder made for one run names no data set
+        return None
+    return folder.name
+
+
+def _is_temporary(folder: Path) -> bool:
+    import tempfile
+
+    return folder.resolve().is_relative_to(Path(tempfile.gettempdir()).resolve())
 
 
 def clean_config(folder: Path, name: str) -> None:
@@ -80,12 +88,23 @@ def clean_config(folder: Path, name: str) -> None:
 def finetuned_card(folder: Path, command: str | None = None, name: str | None = None) -> str:
     """The card of a `berth finetune` output folder, from its finetune_run.json and berth_task.json; `name`: the
     model's (default: the folder's, which differs while the folder is a temporary one)."""
+    from tasks.hf_layout import loading_instructions
+
     folder = Path(folder)
     name = name or folder.name
     facts = {**_finetune_facts(folder, name), "command": command or command_line()}
-    how = (f"`berth export {name} --out models/{name}` makes an ONNX bundle of it for `berth serve` "
-           f"and `berth predict`; it also loads in transformers (`AutoModel*.from_pretrained`).")
+    where = _folder_as_given(folder, name)
+    how = (f"`berth export {shlex.quote(where)} --out models/{name}` makes an ONNX bundle of it for "
+           f"`berth serve` and `berth predict`; `berth evaluate {shlex.quote(where)} DATA` scores it on a labelled "
+           f"file.\n\n{loading_instructions(folder, where)}")
     return _card(facts, library="transformers", how=how)
+
+
+def _folder_as_given(folder: Path, name: str) -> str:
+    """The folder as the run was told to write it (its --out, relative to where it ran), else its name."""
+    record = folder / "finetune_run.json"
+    out = json.loads(record.read_text(encoding="utf-8")).get("settings", {}).get("out") if record.is_file() else None
+    return str(out) if out else name
 
 
 def _finetune_facts(folder: Path, name: str | None = None) -> dict[str, Any]:
@@ -130,6 +149,13 @@ def bundle_card(bundle: Path, manifest: dict[str, Any], checkpoint: Path) -> str
     endpoint = task.endpoints[0] if task.endpoints else None
     lines = [f"ONNX, precision {manifest['precision']}, checked against PyTorch before it was written "
              f"({_parity(manifest.get('parity') or {})})."]
+    metric = (manifest.get("parity") or {}).get("metric") or {}
+    if manifest["precision"] != "fp32" and metric.get("candidate_metrics"):  # its own figures, not the fp32 model's
+        facts["dev_metrics"] = metric["candidate_metrics"]
+        lines.append(f"The dev figures above are this {manifest['precision']} bundle's own, measured by export's "
+                     f"task-metric gate on {metric['examples']} examples of `{Path(metric['data']).name}` (the "
+                     f"PyTorch model it was made from: {metric['name']} {metric['reference']:.2f}, this bundle "
+                     f"{metric['candidate']:.2f}).")
     if endpoint is not None:
         body = {"model": manifest["name"], **(endpoint.examples[0] if endpoint.examples else {})}
         lines.append(f"`berth serve --models REPOSITORY` (a folder holding this bundle) serves it at "
@@ -211,10 +237,11 @@ def _trained_on(facts: dict[str, Any]) -> str:
         what = f"`{facts['base']['name']}` exported as it is (no fine-tuning here) for the {facts['task']} task"
         return what + (f"; its own training data: {facts['train']}." if facts.get("train") else ".")
     what = f"A BERT {facts['task']} head fine-tuned from `{facts['base']['name']}` with berth"
-    if facts.get("train"):
-        what += f" on {facts['train']}"
+    if facts.get("train") or facts.get("train_file"):
+        what += f" on {facts['train']}" if facts.get("train") else ""
         if facts.get("train_file"):
-            what += f" (`{facts['train_file']}`, {facts.get('train_examples')} examples, {facts.get('steps')} steps)"
+            what += (f"{' (' if facts.get('train') else ' on '}`{facts['train_file']}`, {facts.get('train_examples')} "
+                     f"examples, {facts.get('steps')} steps{')' if facts.get('train') else ''}")
     if facts.get("dev_file"):
         what += f"; dev figures from `{facts['dev_file']}` ({facts.get('dev_examples')} examples)"
     if facts.get("labels"):

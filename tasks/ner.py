@@ -567,14 +567,23 @@ class NERTask(TaskDefinition):
         return word_spans(example.tokens)[0]
 
     def score(self, spec, examples, results) -> tuple[dict[str, float], dict]:
-        from tasks import ner_metrics
-
-        predicted = [entities_to_word_tags(found, word_spans(ex.tokens)[1]) for ex, found in zip(examples, results)]
-        result = ner_metrics.conlleval([ex.tags for ex in examples], predicted)
+        result = self._conlleval(examples, results)
         flat = {k: float(v) for k, v in result.items() if isinstance(v, int | float)}
         for entity_type, figures in result.get("per_type", {}).items():
             flat[f"{entity_type}_f1"] = float(figures["f1"])
         return flat, {}
+
+    def _conlleval(self, examples, results) -> dict:
+        from tasks import ner_metrics
+
+        predicted = [entities_to_word_tags(found, word_spans(ex.tokens)[1]) for ex, found in zip(examples, results)]
+        return ner_metrics.conlleval([ex.tags for ex in examples], predicted)
+
+    def report(self, spec, examples, results) -> dict[str, Any]:
+        """conlleval's figures per entity type; support: the gold entities of the type."""
+        return {"per_type": {entity_type: {"precision": f["precision"], "recall": f["recall"], "f1": f["f1"],
+                                           "support": f["n_gold"], "predicted": f["n_predicted"]}
+                             for entity_type, f in self._conlleval(examples, results)["per_type"].items()}}
 
     def headline_metric(self, metrics: dict[str, float]) -> tuple[str, float]:
         return "f1", 100.0

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import torch
 from safetensors.torch import load_file, save_file
 
+from tasks.hf_layout import BERTH_MODEL_TYPES, mark_for_transformers
 from training.config import BertConfig
 from training.model import BertModel, BertPreTrainedModel
 
@@ -170,7 +171,7 @@ def load_pretrained(
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"{folder}: no config.json (is this a BERT checkpoint folder?)")
     data = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    if data.get("model_type", "bert") != "bert":
+    if data.get("model_type", "bert") not in ("bert", *BERTH_MODEL_TYPES):
         raise CheckpointError(f"{folder}: model_type {data['model_type']!r} is not bert")
     config = BertConfig.from_dict({**data, **config_overrides})
     model = cls(config)
@@ -180,13 +181,15 @@ def load_pretrained(
 
 
 def save_pretrained(model: BertPreTrainedModel, folder: str | Path, tokenizer_from: str | Path | None = None) -> Path:
-    """Write config.json and model.safetensors (tied weights stored once), loadable by transformers.
+    """Write config.json and model.safetensors (tied weights stored once): a head transformers has loads there as
+    the same model, one it has not is marked so that it refuses it (tasks/hf_layout.py).
 
     `tokenizer_from`: a folder whose tokenizer files are copied alongside.
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     model.config.to_json_file(folder / "config.json", architecture=type(model).__name__)
+    mark_for_transformers(folder, type(model).__name__, model.config.classifier_pooling)
     tied = _tied(model)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items() if k not in tied}
     save_file(state, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})

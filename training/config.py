@@ -78,7 +78,7 @@ class BertConfig:
     def from_dict(cls, data: dict[str, Any]) -> BertConfig:
         names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         known = {k: v for k, v in data.items() if k in names}
-        extra = {k: v for k, v in data.items() if k not in names and k not in ("label2id", "model_type")}
+        extra = {k: v for k, v in data.items() if k not in names and k not in ("label2id", "model_type", "auto_map")}
         if "id2label" not in known and "num_labels" not in known and "label2id" in data:
             known["id2label"] = {int(i): name for name, i in data["label2id"].items()}
         return cls(**known, extra=extra)

@@ -93,6 +93,17 @@ def default_pooling(base: Path) -> str:
 
 
 def run_finetune(settings: FinetuneSettings, callbacks: Sequence[TrainerCallback] = ()) -> dict[str, float]:
+    """`_run_finetune` holding the output folder's lock (training/output_lock.py): a second run on a folder that a
+    live run writes is refused. Under torchrun, rank 0 holds it for all."""
+    from training.output_lock import output_lock
+
+    if int(os.environ.get("RANK", "0")) != 0:
+        return _run_finetune(settings, callbacks)
+    with output_lock(settings.out, "berth finetune"):
+        return _run_finetune(settings, callbacks)
+
+
+def _run_finetune(settings: FinetuneSettings, callbacks: Sequence[TrainerCallback] = ()) -> dict[str, float]:
     """Train, evaluate, save. Returns the dev metrics of the saved model (empty without a dev file): with
     eval_every_steps, the best evaluation's checkpoint, scored again on the whole dev file. Under torchrun
     every process trains; rank 0 alone (where the evaluations ran) evaluates and writes the folder, the
@@ -103,13 +114,13 @@ def run_finetune(settings: FinetuneSettings, callbacks: Sequence[TrainerCallback
     from tasks.classification import REGRESSION
     from tasks.registry import definition, head_class
     from tasks.runtime.tokenizer import load_tokenizer
-    from training import dev_evaluation, feature_based, output_cache, task_data, trackers
+    from training import dev_evaluation, feature_based, output_cache, run_checks, task_data, trackers
     from training import model as models
     from training.checkpoint import CheckpointError, load_pretrained, save_pretrained
     from training.metrics_log import METRICS_FILE
     from training.saving import ensure_free_space, tensor_bytes
     from training.torch_runner import torch_item_runner
-    from training.trainer import train
+    from training.trainer import Plan, train
 
     try:
         trackers.check_available(settings.report_to)
@@ -157,6 +168,9 @@ def run_finetune(settings: FinetuneSettings, callbacks: Sequence[TrainerCallback
         collate = feature_based.collate
     out = Path(settings.out)
     train_settings = settings.loop_settings(out / STATE_DIR)
+    plan = Plan.make(train_settings, len(dataset), int(os.environ.get("WORLD_SIZE", "1")))
+    warnings = run_checks.warn_before_training(plan.total_steps, plan.steps_per_epoch, settings, train_examples,
+                                               dev_examples) if int(os.environ.get("RANK", "0")) == 0 else []
     extra = list(callbacks)
     metric, greater, best, callbacks, evaluate, sample = None, True, None, [], None, []
     if dev_examples:
@@ -246,6 +260,7 @@ def write_run_record(folder: Path, settings: FinetuneSettings, base: Path, train
             "padded_over_real_tokens": result.padded_tokens / max(result.real_tokens, 1),
         },
         "feature_cache": cache_record,
+        "warnings": warnings,
         "schedule": {"planned_steps": result.planned_steps, "steps": result.steps,
                      "fitted_to_budget": result.fitted_to_budget, "stopped_by": result.stopped_by},
         "bad_rows": bad_rows,

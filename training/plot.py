@@ -20,6 +20,20 @@ PREFERRED_ORDER = ["loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy
                    "tokens_per_s", "grad_norm"]
 
 
+# A training line of metrics.jsonl is the mean over the optimizer steps since the last line, of the batches trained
+# on (dropout on, weights moving): not a score on held-out data.
+TRAIN_LABEL = "train batches (mean since the last log line)"
+
+
+def panel_title(key: str, has_train: bool, has_dev: bool) -> str:
+    """What a panel shows: an accuracy from the training batches is said to be one (it reads higher than dev)."""
+    if not has_train:
+        return f"dev: {key}"
+    if key.endswith("accuracy"):
+        return f"{key} on the training batches" + (" and dev" if has_dev else " (not dev accuracy)")
+    return key
+
+
 def read_metrics(jsonl_path: str | Path) -> tuple[list[dict], list[dict]]:
     """(training records, evaluation records) of a metrics.jsonl; lines that are not JSON objects are skipped."""
     train: list[dict] = []
@@ -99,7 +113,7 @@ def plot_metrics(jsonl_path: str | Path, png_path: str | Path, keys: list[str] |
         steps, values = _series(train, key)
         if steps:
             smooth = len(values) > 50 and key != "learning_rate"
-            axes.plot(steps, values, lw=1, alpha=0.35 if smooth else 1.0, color="C0", label="train")
+            axes.plot(steps, values, lw=1, alpha=0.35 if smooth else 1.0, color="C0", label=TRAIN_LABEL)
             if smooth:
                 axes.plot(steps, _moving_average(values, max(5, len(values) // 50)), lw=1.5, color="C0",
                           label="train (moving average)")
@@ -108,7 +122,7 @@ def plot_metrics(jsonl_path: str | Path, png_path: str | Path, keys: list[str] |
             axes.plot(eval_steps, eval_values, "o-", ms=4, color="C1", label="dev (eval)")
         if best_step is not None:
             axes.axvline(best_step, color="C2", lw=1, ls="--", label=f"saved: best dev, step {best_step}")
-        axes.set_title(key if steps else f"dev: {key}")
+        axes.set_title(panel_title(key, bool(steps), bool(eval_steps)))
         axes.set_xlabel("step")
         axes.grid(alpha=0.3)
         if key == "learning_rate":

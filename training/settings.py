@@ -65,6 +65,10 @@ class TrainLoopSettings(BaseModel):
         "faster, else fp32; bf16 forced on a CPU without it is emulated and slow; fp16: CUDA")
     save_every_steps: int | None = Field(None, gt=0, description="save the resumable training state every N "
                                          "optimizer steps (and at the end)")
+    save_every_minutes: float | None = Field(None, gt=0, description="save the resumable training state after "
+                                             "this many minutes of training since the last save (and at the end), "
+                                             "so that the same command resumes after a kill; the wait is at least "
+                                             "20 times what the last save took")
     log_every_steps: int = Field(10, gt=0, description="optimizer steps between lines of metrics.jsonl")
     eval_every_steps: int | None = Field(None, gt=0, description="evaluate every N optimizer steps (and at the end)")
     keep_last_states: int | None = Field(2, gt=0, description="training states kept on disk, older ones deleted; "
@@ -213,6 +217,7 @@ class FinetuneSettings(TrainLoopSettings):
     warmup_ratio: float = loop_default("warmup_ratio", 0.1)
     fit_schedule_to_budget: bool = loop_default("fit_schedule_to_budget", True)
     group_by_length: bool = loop_default("group_by_length", True)
+    save_every_minutes: float | None = loop_default("save_every_minutes", 1.0)
 
     @model_validator(mode="after")
     def _check_evaluation(self) -> FinetuneSettings:

@@ -56,7 +56,8 @@ KEPT_WHEN_PRUNED = {TRIAL_FILE, "finetune_run.json", "berth_task.json", "metrics
 # most this many steps of it.
 SAVE_EVERY_STEPS = 100
 # Settings a continued sweep may change: how a trial runs, not what it computes.
-RUNTIME_ONLY = {"num_threads", "progress_bar", "device", "num_workers", "save_every_steps", "keep_last_states"}
+RUNTIME_ONLY = {"num_threads", "progress_bar", "device", "num_workers", "save_every_steps", "save_every_minutes",
+                "keep_last_states"}
 EPOCHS_NOTE = "each epochs value is a run of its own (its own linear decay to 0), not a point of a longer run"
 
 

@@ -40,7 +40,7 @@ ALIASES = {"lr": "learning_rate", "batch": "batch_size", "bs": "batch_size", "gr
 
 # Settings that are not hyperparameters of a trial: the sweep owns them (seed: --restarts).
 NOT_SWEPT = {"out", "seed", "resume", "task", "train_file", "dev_file", "progress_bar", "device", "num_threads",
-             "num_workers", "save_every_steps", "keep_last_states"}
+             "num_workers", "save_every_steps", "save_every_minutes", "keep_last_states"}
 
 
 class GridError(ValueError):

@@ -86,6 +86,7 @@ log = logging.getLogger(__name__)
 
 SETTINGS_FILE = "train_settings.json"
 FINAL_MODEL_DIR = "final_model"
+SAVE_COST_FACTOR = 20  # with save_every_minutes: the wait between saves is at least 20x the last save's time
 
 
 @dataclass
@@ -211,8 +212,10 @@ class _Run:
         self.last_checkpoint: Path | None = None
         self.last_saved_step = -1
         self.nonfinite_steps = 0  # skipped for a nan / inf loss or gradient norm, across resumes
+        self.last_save_seconds, self.last_save_elapsed = 0.0, 0.0
         self.resumed_precision: str | None = None  # what a resumed run's training state computed in
         self.resumed_from = self._resume()
+        self.last_save_elapsed = self.elapsed_before
         self.precision_probe: dict[str, Any] | None = None
         if settings.precision == "auto" and self.resumed_precision is not None:
             self.amp_dtype = dtype_named(self.resumed_precision)  # a resumed run keeps the precision it chose
@@ -245,6 +248,8 @@ class _Run:
         folder = latest_training_state(self.output_dir) if s.resume == "auto" else Path(s.resume)
         barrier(ctx)
         if folder is None:
+            if ctx.is_main:
+                log.info("no saved state in %s, starting at step 0", checkpoints)
             return None
         state = load_training_state(folder)
         # older checkpoints lack the later keys
@@ -270,7 +275,7 @@ class _Run:
         restore_rng_state(state["rng"][ctx.rank])
         self.last_checkpoint, self.last_saved_step = folder, self.step
         if ctx.is_main:
-            log.info("resumed from %s: step %d, epoch %d, %d micro-batches into it", folder, self.step, self.epoch,
+            log.info("resumed from step %d (%s): epoch %d, %d micro-batches into it", self.step, folder, self.epoch,
                      self.micro_done)
         return folder
 
@@ -377,7 +382,7 @@ class _Run:
                 window.reset()
             if self.evaluate_fn is not None and self._due(s.eval_every_steps):
                 self._evaluate()
-            if self._due(s.save_every_steps) or out_of_time or self.stop_requested:
+            if self._due(s.save_every_steps) or self._save_due_by_time() or out_of_time or self.stop_requested:
                 self._save()
             if self.stop_requested:
                 log.info("stopped at step %d by a callback (e.g. early stopping)", self.step)
@@ -496,6 +501,15 @@ class _Run:
     def _due(self, every: int | None) -> bool:
         return bool(every) and self.step % every == 0
 
+    def _save_due_by_time(self) -> bool:
+        """save_every_minutes of training since the last save, and at least SAVE_COST_FACTOR times what that save
+        took: a large state on a fast device then costs at most ~1/SAVE_COST_FACTOR of the training time."""
+        minutes = self.settings.save_every_minutes
+        if not minutes or self.step >= self.plan.total_steps:  # the end saves anyway
+            return False
+        wait = max(minutes * 60, SAVE_COST_FACTOR * self.last_save_seconds)
+        return any_rank(self.ctx, self._elapsed() - self.last_save_elapsed >= wait)
+
     def _elapsed(self) -> float:
         """Training time so far, across resumes; evaluations are not counted."""
         return self.elapsed_before + time.perf_counter() - self.started - self.eval_seconds
@@ -552,6 +566,7 @@ class _Run:
         self.window.started += seconds  # tokens/s counts training time only
 
     def _save(self) -> None:
+        started = time.perf_counter()
         rng_states = gather_objects(self.ctx, capture_rng_state())
         folder = self.output_dir / CHECKPOINTS_DIR / f"step-{self.step:08d}"
         barrier(self.ctx)
@@ -580,6 +595,8 @@ class _Run:
             self._prune_checkpoints()
         barrier(self.ctx)
         self.last_checkpoint, self.last_saved_step = folder, self.step
+        self.last_save_seconds = time.perf_counter() - started
+        self.last_save_elapsed = self._elapsed()
 
     def _prune_checkpoints(self) -> None:
         keep = self.settings.keep_last_states

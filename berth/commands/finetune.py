@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import os
+import sys
 from pathlib import Path
 
 from berth.config_files import add_config_flag, fail, settings_from_args, write_config
@@ -70,26 +73,38 @@ OPTIONS = {
 
 def run_finetune_command(args: argparse.Namespace) -> int:
     from training.finetune import FinetuneInputError, run_finetune
+    from training.output_lock import output_lock
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = settings_from_args(args, FinetuneSettings, "finetune")
     logging.getLogger("berth.finetune").info("settings: %s", settings.model_dump_json())
-    write_config(settings, settings.out, "finetune")  # `berth finetune --config OUT/config.yaml` runs it again
-    try:
-        metrics = run_finetune(settings)
-    except FinetuneInputError as error:  # e.g. an unknown --metric-for-best: found before training starts
-        fail("finetune", str(error))
+    with contextlib.ExitStack() as stack:
+        if int(os.environ.get("RANK", "0")) == 0:  # before config.yaml: a second run must not overwrite the first's
+            stack.enter_context(output_lock(settings.out, "berth finetune"))
+        write_config(settings, settings.out, "finetune")  # `berth finetune --config OUT/config.yaml` runs it again
+        try:
+            metrics = run_finetune(settings)
+        except FinetuneInputError as error:  # e.g. an unknown --metric-for-best: found before training starts
+            fail("finetune", str(error))
     print(json.dumps({"dev_metrics": metrics, "out": str(settings.out)}, indent=2))
     return 0
 
 
 def run_evaluate_command(args: argparse.Namespace) -> int:
-    from training.evaluate import evaluate_model
+    from training.evaluate import evaluate_report, write_report
+    from training.evaluate_table import render_report
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    metrics = evaluate_model(args.model, args.data, data_format=args.data_format, limit=args.max_eval_examples,
-                              out=args.out)
-    print(json.dumps(metrics, indent=2))
+    columns = {name: getattr(args, name) for name in ("text_column", "text_pair_column", "label_column", "id_column")
+               if getattr(args, name) is not None}
+    report, predictions = evaluate_report(args.model, args.data, data_format=args.data_format,
+                                          limit=args.max_eval_examples, columns=columns)
+    if args.out is not None:
+        written = write_report(report, predictions, args.out)
+        logging.getLogger("berth.evaluate").info("wrote the report to %s and one prediction per row to %s",
+                                                 args.out, written)
+    table = args.output_format == "table" or (args.output_format == "auto" and sys.stdout.isatty())
+    print(render_report(report) if table else json.dumps(report, indent=2))
     return 0
 
 
@@ -115,5 +130,15 @@ def add_parser(subparsers) -> None:
     e.add_argument("--format", dest="data_format", default="auto",
                    help=FinetuneSettings.model_fields["data_format"].description + " (default: %(default)s)")
     e.add_argument("--max-eval-examples", type=int, help="evaluate on at most this many examples (default: all)")
-    e.add_argument("--out", type=Path, help="write the metrics (and predictions) as JSON here")
+    for name, what in (("text_column", "text"), ("text_pair_column", "second text"), ("label_column", "label")):
+        e.add_argument(f"--{name.replace('_', '-')}", help=f"table files: the column of the {what} (default: the "
+                       "one the model was fine-tuned on, else " + FinetuneSettings.model_fields[name].default + ")")
+    e.add_argument("--id-column", help="table files: the column of each row's id in the predictions file "
+                   "(default: id; without it, the row number)")
+    e.add_argument("--out", type=Path, help="write the report (metrics, per-label or per-type figures, confusion "
+                   "matrix) as JSON here, and one prediction per row, with its id and gold answer, to "
+                   "OUT_STEM.predictions.jsonl beside it")
+    e.add_argument("--output-format", choices=("auto", "table", "json"), default="auto",
+                   help="what goes to stdout: a table, or the report as JSON (default: a table on a terminal, "
+                        "else JSON)")
     e.set_defaults(func=run_evaluate_command)

@@ -38,11 +38,12 @@ def run(args: argparse.Namespace) -> int:
     options = {name: getattr(args, name) for name in TASK_OPTIONS if getattr(args, name) is not None}
     columns = Columns(text=args.text_column, pair=args.pair_column, question=args.question_column,
                       context=args.context_column, choices=args.choices_column, query=args.query_column,
-                      documents=args.documents_column, id=args.id_column)
+                      documents=args.documents_column, id=args.id_column or "id")
     job = Job(bundle=args.bundle, input=args.input, output=args.out, options=options, columns=columns,
               input_format=args.input_format, output_format=args.format, window=args.window, threads=args.threads,
               lanes=args.lanes, max_batch_size=args.max_batch_size, pass_tokens=args.pass_tokens, restart=args.restart,
-              keep_parts=args.keep_parts, progress=args.progress)
+              keep_parts=args.keep_parts, progress=args.progress,
+              id_column_given=args.id_column is not None)
     try:
         summary = predict(job) if predict_on_ray is None else predict_on_ray(job, args.ray, args.ray_actors)
     except (BundleError, ResumeRefused, ValueError, FileNotFoundError, ConnectionError) as error:
@@ -93,8 +94,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     files.add_argument("--query-column", default="query", help="rerank: the query (default: query)")
     files.add_argument("--documents-column", default="documents", help="rerank: a list of texts to rank (in CSV/TSV "
                                                                        "a JSON list) (default: documents)")
-    files.add_argument("--id-column", default="id", help="copied to the output's id column; when the file has no "
-                                                         "such column, the row number is the id (default: id)")
+    files.add_argument("--id-column", help="copied to the output's id column (default: id; when the file has no "
+                                           "id column, the row number is the id; a column named here must exist)")
     task = p.add_argument_group("task options (as the HTTP route's; default: the route's)")
     task.add_argument("--top-k", type=positive, help="classification, pair, qa, fill-mask: results per input")
     task.add_argument("--aggregation", choices=["simple", "first", "average", "max", "none"], help="ner")

@@ -56,7 +56,7 @@ def settings_from_args(args: argparse.Namespace) -> ServiceSettings:
     try:
         return ServiceSettings.from_env(**{**from_file, **given_settings(args, ServiceSettings)})
     except ValidationError as error:
-        raise ConfigError(describe_errors(error, from_file, config)) from None
+        raise ConfigError(describe_errors(error, from_file, config, ServiceSettings.model_fields)) from None
 
 
 def run(args: argparse.Namespace) -> int:

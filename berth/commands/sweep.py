@@ -125,7 +125,7 @@ def build_plan(args: argparse.Namespace):
     try:
         settings = FinetuneSettings(**base)
     except ValidationError as error:
-        raise UsageError(describe_errors(error, config, args.config)) from None
+        raise UsageError(describe_errors(error, config, args.config, FinetuneSettings.model_fields)) from None
     if settings.dev_file is None:
         raise UsageError("a sweep selects on dev: give --dev")
     for name in ("train_file", "dev_file"):

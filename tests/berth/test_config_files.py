@@ -28,7 +28,11 @@ def refused(capsys, argv: list[str]) -> str:
 
 
 @pytest.mark.parametrize("text, says", [
-    ("task: classification\nlerning_rate: 0.1\n", "unknown setting 'lerning_rate'"),
+    ("task: classification\nlerning_rate: 0.1\n", "unknown setting 'lerning_rate' in"),
+    ("lerning_rate: 0.1\n", "(did you mean 'learning_rate'?)"),  # a spelling
+    ("lr: 0.1\n", "unknown setting 'lr' in"),
+    ("lr: 0.1\n", "(did you mean 'learning_rate'?)"),  # the flag's short name (--lr)
+    ("threads: 2\nbatch: 8\n", "unknown setting 'batch' in"),
     ("batch_size: lots\n", "batch_size in"),
     ("epochs: [1, 2]\n", "epochs in"),
     ("- just\n- a list\n", "must be a mapping"),

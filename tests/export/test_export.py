@@ -180,7 +180,8 @@ def test_gate_refuses_int8_that_changes_entities(finetuned, repository):
     with pytest.raises(parity.ParityError) as caught:
         _export(finetuned, repository, "ner", "int8", parity_examples=8)
     message = str(caught.value)
-    assert "parity FAILED for int8" in message and "agreement >= 0.99" in message and "differs: ner-" in message
+    assert "parity gate FAILED: the bundle is not written (int8 ONNX" in message and "agreement >= 0.99" in message
+    assert "differs: ner-" in message
     assert caught.value.report["agreement"] < 0.99
     assert not out.exists() and not list(repository.glob(".ner-int8-*"))  # no half bundle left behind
 
@@ -193,7 +194,7 @@ def test_gate_catches_a_model_that_is_not_the_one_exported(finetuned, repository
     other.classifier.reset_parameters()
     examples, _ = parity.parity_slice(bundle.spec(), tokenizer, parity.default_data_dir(), 4)
     session, provider = create_session(bundle.model_path, "fp32", intra_op_threads=2)
-    with pytest.raises(parity.ParityError, match=r"parity FAILED for fp32 .* max_abs_diff <= 0\.0001"):
+    with pytest.raises(parity.ParityError, match=r"parity gate FAILED.*\(fp32 ONNX .* max_abs_diff <= 0\.0001"):
         parity.check_parity(bundle.spec(), examples, torch_runner(other, ["logits"]),
                             onnx_runner(session, ["logits"]), "fp32", provider)
 

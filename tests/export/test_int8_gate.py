@@ -105,7 +105,7 @@ def test_metric_gate_scores_gold_answers_and_passes_only_within_half_a_point(mod
     other_accuracy = _gold_accuracy(other, tokenizer)
     assert changed["candidate"] == pytest.approx(other_accuracy, abs=1e-3)
     assert changed["passed"] == (other_accuracy >= expected - 0.5)
-    assert "task metric" in parity.format_metric(changed)
+    assert f"task-metric gate {'passed' if changed['passed'] else 'FAILED'}" in parity.format_metric(changed)
 
 
 def test_confidence_is_the_reference_probability_margin(models, tokenizer):

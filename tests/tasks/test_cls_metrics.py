@@ -10,6 +10,7 @@ from tasks.cls_metrics import (
     accuracy,
     binary_f1,
     classification_metrics,
+    label_report,
     matthews_corrcoef,
     pearson,
     regression_metrics,
@@ -61,6 +62,30 @@ def test_against_scikit_learn_and_scipy():
         y = [v + rng.gauss(0, 1) for v in x]
         assert pearson(x, y) == pytest.approx(stats.pearsonr(x, y)[0])
         assert spearman(x, y) == pytest.approx(stats.spearmanr(x, y)[0])
+
+
+def test_label_report_against_scikit_learn():
+    """Per-label figures, both averages and the confusion matrix, with a label never predicted ('d') and one
+    predicted but never gold ('e'), as classification_report and confusion_matrix give them."""
+    sklearn_metrics = pytest.importorskip("sklearn.metrics")
+    rng = random.Random(1)
+    for _ in range(10):
+        gold = [rng.choice("abcd") for _ in range(60)]
+        pred = [g if rng.random() < 0.5 and g != "d" else rng.choice("abce") for g in gold]
+        report = label_report(pred, gold, labels=["c", "b", "a"])
+        expected = sklearn_metrics.classification_report(gold, pred, output_dict=True, zero_division=0)
+        assert list(report["per_label"]) == ["c", "b", "a", "d", "e"]  # the given order, then the rest
+        for label, figures in report["per_label"].items():
+            assert figures["support"] == expected[label]["support"]
+            assert (figures["precision"], figures["recall"], figures["f1"]) == pytest.approx(
+                (expected[label]["precision"], expected[label]["recall"], expected[label]["f1-score"]))
+        for name in ("macro", "weighted"):
+            ours, theirs = report["averages"][name], expected[f"{name} avg"]
+            assert (ours["precision"], ours["recall"], ours["f1"]) == pytest.approx(
+                (theirs["precision"], theirs["recall"], theirs["f1-score"]))
+        labels = report["confusion_matrix"]["labels"]
+        assert report["confusion_matrix"]["rows"] == sklearn_metrics.confusion_matrix(gold, pred,
+                                                                                      labels=labels).tolist()
 
 
 def test_regression_metrics_on_real_stsb(shared_data):

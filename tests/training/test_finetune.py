@@ -33,7 +33,10 @@ def test_classification_learns_and_saves_a_servable_folder(tmp_path):
     for name in ("config.json", "model.safetensors", "tokenizer.json", "vocab.txt", "finetune_run.json"):
         assert (out / name).is_file(), name
     config = json.loads((out / "config.json").read_text())
-    assert config["id2label"]["0"] == "arts_media" and config["architectures"] == ["BertForSequenceClassification"]
+    # mean-pooled (below): saved with its own model type and code, which transformers loads only with
+    # trust_remote_code (tests/training/test_hf_layout.py)
+    assert config["id2label"]["0"] == "arts_media" and config["model_type"] == "berth_mean_pooled_bert"
+    assert config["architectures"] == ["BerthMeanPooledBertForSequenceClassification"]
     again = evaluate_model(out, SAMPLES / "topics/dev.jsonl", limit=100)
     assert again["accuracy"] == pytest.approx(metrics["accuracy"])
     # The default base was trained with mean pooling: the head uses it, and says so.

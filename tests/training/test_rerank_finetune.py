@@ -34,7 +34,7 @@ def test_a_rerank_head_trains_and_ranks_the_right_paragraph_higher(trained):
     assert spec.task == "rerank" and spec.max_seq_length == 96 and spec.doc_stride == 24
     assert spec.dev_metrics == metrics and metrics["queries"] == DEV_QUESTIONS
     config = json.loads((out / "config.json").read_text())
-    assert config["architectures"] == ["BertForSequenceClassification"] and config["num_labels"] == 1
+    assert config["architectures"] == ["BerthMeanPooledBertForSequenceClassification"] and config["num_labels"] == 1
     assert config["classifier_pooling"] == "mean"
     # A random order of these questions' 23-45 paragraphs has an MRR@10 of about 0.1.
     candidates = [len(e.documents) for e in read_article_questions(SAMPLES / "squad/dev.json")[:DEV_QUESTIONS]]
