@@ -224,7 +224,7 @@ def _run_finetune(settings: FinetuneSettings, callbacks: Sequence[TrainerCallbac
         save_pretrained(model, staging, tokenizer_from=base)
         spec.save(staging)
         write_run_record(staging, settings, base, train_examples, dev_examples, train_minutes, eval_minutes, result,
-                         metrics, best_record, spec, cache_record, bad_rows)
+                         metrics, best_record, spec, cache_record, bad_rows, warnings)
         write_card(staging, name=out.name)
     shutil.rmtree(train_settings.output_dir, ignore_errors=True)  # the model is in place: the state is not needed
     for tracker in run_trackers:
@@ -234,7 +234,8 @@ def _run_finetune(settings: FinetuneSettings, callbacks: Sequence[TrainerCallbac
 
 def write_run_record(folder: Path, settings: FinetuneSettings, base: Path, train_examples: list,
                      dev_examples: list, train_minutes: float, eval_minutes: float, result, metrics: dict[str, float],
-                     best_record: dict | None, spec, cache_record: dict | None, bad_rows: dict) -> None:
+                     best_record: dict | None, spec, cache_record: dict | None, bad_rows: dict,
+                     warnings: list[str]) -> None:
     """finetune_run.json: the settings, data, result, dev metrics, speed and provenance of the run."""
     from training.precision import cpu_bf16_support
 
