@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -150,10 +151,13 @@ def run_command(args: argparse.Namespace) -> int:
     from training.pretraining.run import run_pretrain
 
     logging.getLogger("berth.pretrain").info("settings: %s", settings.model_dump_json())
-    if os.environ.get("RANK", "0") == "0":  # one writer under torchrun
-        # `berth pretrain --config OUT/config.yaml` runs it again (the training, also after --prepare-only)
-        write_config(settings.model_copy(update={"prepare_only": False}), settings.out, "pretrain")
-    record = run_pretrain(settings)
+    from training.output_lock import output_lock
+
+    main_rank = os.environ.get("RANK", "0") == "0"  # one writer under torchrun
+    with output_lock(settings.out, "berth pretrain") if main_rank else contextlib.nullcontext():
+        if main_rank:  # `berth pretrain --config OUT/config.yaml` runs it again (the training, after --prepare-only)
+            write_config(settings.model_copy(update={"prepare_only": False}), settings.out, "pretrain")
+        record = run_pretrain(settings)
     if settings.prepare_only:
         print(json.dumps(record, indent=2, default=str))
         return 0

@@ -85,7 +85,19 @@ def _planned_steps(settings: PretrainSettings, examples: int, world_size: int) -
 
 def run_pretrain(settings: PretrainSettings) -> dict[str, Any]:
     """Prepare, train, save the folder, evaluate on held-out text. Returns the run record (on rank 0 of a torchrun
-    launch; {} on the others), or with `prepare_only` the prepared data's record."""
+    launch; {} on the others), or with `prepare_only` the prepared data's record. The output folder's lock
+    (training/output_lock.py) refuses a second run on a folder a live run writes; under torchrun rank 0 holds it."""
+    import os
+
+    from training.output_lock import output_lock
+
+    if int(os.environ.get("RANK", "0")) != 0:
+        return _run_pretrain(settings)
+    with output_lock(settings.out, "berth pretrain"):
+        return _run_pretrain(settings)
+
+
+def _run_pretrain(settings: PretrainSettings) -> dict[str, Any]:
     import torch
 
     from training.distributed import check_shared_folder, setup_distributed, teardown_distributed

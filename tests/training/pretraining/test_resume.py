@@ -88,3 +88,22 @@ def test_changed_data_under_a_saved_state_is_refused(corpus, tmp_path):
     last = again.stderr.strip().splitlines()[-1]
     assert last.startswith("berth pretrain: the data changed since") and f"{changed.resolve()} changed" in last
     assert "Traceback" not in again.stderr
+
+
+def test_a_second_run_on_a_live_runs_folder_is_refused(corpus, tmp_path):
+    out = tmp_path / "out"
+    command = _command(corpus, out)
+    command[command.index("--max-steps") + 1] = "400"
+    live = subprocess.Popen(command, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not (out / "checkpoints").is_dir():
+            time.sleep(0.05)
+        second = _run(command, tmp_path)
+        assert second.returncode == 2
+        last = second.stderr.strip().splitlines()[-1]
+        assert last.startswith("berth pretrain: ") and f"pid {live.pid}" in last and "Traceback" not in second.stderr
+    finally:
+        os.killpg(live.pid, signal.SIGKILL)
+        live.wait(timeout=30)
