@@ -119,7 +119,9 @@ def test_a_failed_phase_is_recorded_and_the_independent_ones_still_run(tiny_squa
     assert done.returncode == 1 and record["complete"]
     assert phases["environment"]["status"] == "ok" and phases["setup"]["status"] == "ok"
     for name in ("finetune", "ddp"):
-        assert phases[name]["status"] == "failed" and "no config.json" in phases[name]["error_tail"]
+        # the one-line refusal of a base that is not a checkpoint (its end: the tail keeps the last characters)
+        assert phases[name]["status"] == "failed" and "a BERT checkpoint folder holds config.json" in \
+            phases[name]["error_tail"]
     assert phases["export"] == {"status": "skipped", "reason": "needs the finetune phase's model"}
     assert phases["serve"]["status"] == "skipped"
     assert "== finetune: failed" in (tmp_path / "out" / "gpu_check.log").read_text(encoding="utf-8")
