@@ -166,6 +166,7 @@ def test_two_launchers_train_the_weights_of_one_launcher_with_two_processes_and_
     assert [p.name for p in list_training_states(out)] == [f"step-{STEPS:08d}"]
 
 
+@pytest.mark.slow  # ~70 s: three 2-rank launches; the one-process kill and resume runs in the default suite
 def test_a_killed_two_rank_run_resumed_with_the_same_command_ends_with_the_uninterrupted_weights(
         prepared, one_node_run, tmp_path):
     out = tmp_path / "runs" / "out"
@@ -203,6 +204,7 @@ def test_a_node_whose_out_is_not_the_shared_folder_stops_both_launchers_with_one
     assert writes(tmp_path, 1) == []
 
 
+@pytest.mark.slow  # ~30 s each: the refusal itself is one function, tested in the default suite by a single process
 @pytest.mark.parametrize("named", ["corpus", "prepared-folder"])
 def test_a_torchrun_launch_without_prepared_data_says_prepare_first(named, corpus, prepared, tmp_path):
     """The corpus itself with nothing prepared in --out, or --out's data folder named before it was prepared."""

@@ -152,3 +152,13 @@ def test_a_killed_preparation_is_finished_by_the_same_command(corpus, tmp_path):
     clean = prepare(corpus, load_tokenizer(default_base_path()), tmp_path / "clean",
                     {**SETTINGS, "nsp": False, "seed": 12345, "heldout_fraction": 0.03}, shard_mb=0.03)
     assert manifest["digest"] == clean["digest"]  # the same bytes as a preparation never killed
+
+
+def test_a_launch_that_may_not_prepare_says_to_prepare_first(corpus, tmp_path):
+    from training.pretraining.prepared import prepare_run_data
+    from training.pretraining.settings import PretrainSettings
+
+    settings = PretrainSettings(corpus=corpus[:2], out=tmp_path / "out", tokenizer=default_base_path(),
+                                max_seq_length=64)
+    with pytest.raises(UserFacingError, match="no data is built inside a torchrun launch: prepare it first"):
+        prepare_run_data(settings, None, True, may_build=False, has_training_state=False)
