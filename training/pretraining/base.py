@@ -11,7 +11,6 @@ frozen (`head_warmup_steps`), so that its random gradients do not wash over the 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 from collections.abc import Iterator
@@ -42,11 +41,9 @@ class Base:
 
     def digest(self) -> str:
         """sha256 of the weights file: which base, exactly, a run continued from."""
-        digest = hashlib.sha256()
-        with open(self.weights, "rb") as f:
-            for block in iter(lambda: f.read(8 << 20), b""):
-                digest.update(block)
-        return digest.hexdigest()
+        from training.pretraining.shards import file_sha256
+
+        return file_sha256(self.weights)
 
     def record(self) -> dict[str, Any]:
         return {"path": str(self.folder), "weights": self.weights.name, "sha256": self.digest(),

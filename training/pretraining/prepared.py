@@ -25,6 +25,7 @@ from training.pretraining.settings import PretrainSettings
 from training.pretraining.shards import (
     corpus_fingerprint,
     data_key,
+    is_prepared,
     lines_before,
     plan_pieces,
     prepare,
@@ -51,7 +52,7 @@ class PreparedData:
 
 
 def _given_prepared_folder(settings: PretrainSettings) -> Path | None:
-    prepared = [p for p in settings.corpus if p.is_dir() and (p / "manifest.json").is_file()]
+    prepared = [p for p in settings.corpus if p.is_dir() and is_prepared(p)]
     if prepared and len(settings.corpus) > 1:
         raise UserFacingError("name either one prepared folder or the corpus files, not both")
     return prepared[0] if prepared else None

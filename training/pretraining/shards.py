@@ -125,7 +125,7 @@ def lines_before(path: str, offset: int) -> int:
 # -- one shard -----------------------------------------------------------------------------------------------
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(8 << 20), b""):
@@ -135,7 +135,7 @@ def _sha256(path: Path) -> str:
 
 def _file_facts(path: Path) -> dict[str, Any]:
     st = path.stat()
-    return {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": _sha256(path)}
+    return {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": file_sha256(path)}
 
 
 def build_shard(index: int, piece: list[Part], tokenizer_json: str, settings: dict[str, Any], key: str,
@@ -190,7 +190,7 @@ def build_shard(index: int, piece: list[Part], tokenizer_json: str, settings: di
     unigram = np.bincount(train.input_ids.astype(np.int64), minlength=tokenizer.get_vocab_size()).astype(np.int64)
     np.save(tmp / "unigram.npy", unigram)
     for path in sorted(tmp.glob("*.npy")):
-        record["files"][path.name] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+        record["files"][path.name] = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
     record["documents"] = len(documents)
     _write_json(tmp / SHARD_RECORD, record)
     final = folder / name
@@ -204,9 +204,14 @@ def build_shard(index: int, piece: list[Part], tokenizer_json: str, settings: di
     return record
 
 
+def derive_seed(*parts: int) -> int:
+    """A seed that is a function of `parts` only (the same formula as the training loop's data order)."""
+    return int(np.random.SeedSequence(list(parts)).generate_state(1, np.uint64)[0] >> 1)
+
+
 def shard_seed(seed: int, index: int) -> int:
     """The seed of shard `index`: a function of the run's seed and the shard's number only."""
-    return int(np.random.SeedSequence([seed, index]).generate_state(1, np.uint64)[0] >> 1)
+    return derive_seed(seed, index)
 
 
 _SHARED: tuple = ()  # (tokenizer JSON, settings, key, folder): sent once per worker, not once per shard
@@ -376,6 +381,6 @@ def verify(folder: str | Path, manifest: dict[str, Any]) -> None:
             st = path.stat()
             if st.st_size == facts["bytes"] and st.st_mtime_ns == facts["mtime_ns"]:
                 continue
-            if st.st_size != facts["bytes"] or _sha256(path) != facts["sha256"]:
+            if st.st_size != facts["bytes"] or file_sha256(path) != facts["sha256"]:
                 raise UserFacingError(f"{path} changed since it was prepared (its checksum differs from "
                                       f"{folder / MANIFEST}); prepare the corpus again into a new folder")

@@ -19,11 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from training.pretraining.shards import FIELDS, read_manifest, verify
-
-
-def _seed(*parts: int) -> int:
-    return int(np.random.SeedSequence(list(parts)).generate_state(1, np.uint64)[0] >> 1)
+from training.pretraining.shards import FIELDS, derive_seed, read_manifest, verify
 
 
 class ShardedInstances:
@@ -95,7 +91,7 @@ class EpochOrder:
 
     def __init__(self, counts: np.ndarray, starts: np.ndarray, seed: int, epoch: int, window: int):
         self.seed, self.epoch = seed, epoch
-        order = np.random.default_rng(_seed(seed, epoch)).permutation(len(counts))
+        order = np.random.default_rng(derive_seed(seed, epoch)).permutation(len(counts))
         self.windows = [order[i:i + window] for i in range(0, len(order), window)]
         sizes = [int(counts[w].sum()) for w in self.windows]
         self.window_starts = np.r_[0, np.cumsum(sizes)].astype(np.int64)
@@ -109,7 +105,7 @@ class EpochOrder:
         w = int(np.searchsorted(self.window_starts, position, side="right")) - 1
         if self._cached is None or self._cached[0] != w:
             shards = self.windows[w]
-            permutation = np.random.default_rng(_seed(self.seed, self.epoch, w)).permutation(
+            permutation = np.random.default_rng(derive_seed(self.seed, self.epoch, w)).permutation(
                 int(self.counts[shards].sum()))
             self._cached = (w, permutation, np.r_[0, np.cumsum(self.counts[shards])])
         _, permutation, inner = self._cached
