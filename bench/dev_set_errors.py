@@ -12,7 +12,7 @@ set's size and the metric a build recorded (a formula per metric, below), for a 
   entities in one sentence are not independent, so the true error is somewhat larger).
 
     .venv/bin/python -m bench.dev_set_errors bench/results/defaults_build/build_record-reuse.json \\
-        --rerank-dev-questions 414 --out bench/results/dev_set_errors.json
+        --rerank-dev-questions 414
 """
 
 from __future__ import annotations
@@ -22,8 +22,6 @@ import json
 import math
 from pathlib import Path
 from typing import Any
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def standard_error(metric: str, value: float, metrics: dict[str, float], n: int) -> tuple[float, str]:
@@ -47,7 +45,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("record", type=Path, help="a build record (berth build-defaults' build_record.json)")
     parser.add_argument("--rerank-dev-questions", type=int, help="the rerank dev set's size now, to show its "
                         "standard error at the recorded MRR@10 next to the recorded dev set's")
-    parser.add_argument("--out", type=Path, default=RESULTS / "dev_set_errors.json")
+    parser.add_argument("--out", type=Path, help="also write the rows as JSON (derived from the build "
+                        "records, so bench/results keeps only those)")
     args = parser.parse_args(argv)
 
     record = json.loads(args.record.read_text(encoding="utf-8"))
@@ -63,8 +62,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             rows.append({"model": model["name"], "dev": model["dev"] if which == "recorded" else which, "n": n,
                          "metric": metric, "value": value, "standard_error": error, "how": how})
     result = {"record": str(args.record), "rows": rows}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(markdown(result))
     return result
 

@@ -10,7 +10,7 @@ examples/s times 60. A model that trained on every example for its epochs within
 
     B=bench/results/defaults_build; .venv/bin/python -m bench.minutes_table $B/build_record-avx2-held.json \\
         $B/build_record-budget-first.json $B/build_record-idle.json $B/build_record-rerun.json \\
-        $B/build_record-reuse.json --reference $B/build_record-reuse.json --out bench/results/minutes_table.json
+        $B/build_record-reuse.json --reference $B/build_record-reuse.json
 """
 
 from __future__ import annotations
@@ -24,15 +24,14 @@ import numpy as np
 
 from bench.dev_set_errors import standard_error
 
-RESULTS = Path(__file__).resolve().parent / "results"
-
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("records", type=Path, nargs="+", help="build records (build_record.json)")
     parser.add_argument("--reference", type=Path, required=True, help="the build whose speed turns examples into "
                         "minutes and whose dev figures size the standard errors")
-    parser.add_argument("--out", type=Path, default=RESULTS / "minutes_table.json")
+    parser.add_argument("--out", type=Path, help="also write the rows as JSON (derived from the build "
+                        "records, so bench/results keeps only those)")
     args = parser.parse_args(argv)
 
     reference = {m["name"]: m for m in json.loads(args.reference.read_text(encoding="utf-8"))["models"]}
@@ -70,8 +69,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                      "slope_per_minute_in_standard_errors": slope * per_minute / error if slope is not None else None,
                      "points": sorted(same_dev, key=lambda p: p["examples_seen"])})
     result = {"reference": str(args.reference), "records": [str(p) for p in args.records], "rows": rows}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(markdown(result))
     return result
 

@@ -50,6 +50,7 @@ import numpy as np
 from bench.load_tools import hey, hey_version, machine_cpu, steal_share
 from bench.local_processes import REPO, free_port, running, serve_repository
 from bench.machine import machine_facts
+from bench.records import read_record
 from bench.service_load_report import RERANK, figure, report_markdown, summarize
 from tasks.registry import definition
 
@@ -311,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS / "service_load.json")
     args = parser.parse_args(argv)
     if args.markdown:
-        recorded = json.loads(args.markdown.read_text(encoding="utf-8"))
+        recorded = read_record(args.markdown)
         print(report_markdown({**recorded, "summary": summarize(recorded)}))
         return 0
     if not args.models and not args.from_repository:

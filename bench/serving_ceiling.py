@@ -42,6 +42,7 @@ import numpy as np
 from bench.load_tools import hey, hey_version, machine_cpu, steal_share
 from bench.local_processes import REPO, free_port, running
 from bench.machine import machine_facts
+from bench.records import read_record
 from bench.service_load import SHARED_DATA, side_by_side, workloads
 from tasks.registry import definition
 
@@ -167,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "serving_ceiling.json")
     args = parser.parse_args(argv)
     if args.markdown:
-        print(markdown(json.loads(args.markdown.read_text())))
+        print(markdown(read_record(args.markdown)))
         return 0
     if shutil.which("hey") is None:
         parser.error("needs `hey` on PATH (apt-get install hey)")
