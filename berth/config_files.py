@@ -94,7 +94,7 @@ def did_you_mean(name: str, fields: list[str]) -> str | None:
     import difflib
 
     try:
-        from training.sweep_grid import ALIASES
+        from berth.sweep.grid import ALIASES
     except ImportError:  # a serving install
         ALIASES = {}
     key = name.replace("-", "_").lstrip("_")

@@ -194,8 +194,8 @@ def recipe(record: dict) -> str:
               if s.get("max_minutes") else "")
     chosen = record.get("pooling") or s.get("pooling")
     if chosen == "auto":  # records made before the choice was recorded
-        from training.checkpoint import default_base_path
-        from training.finetune import default_pooling
+        from training.bert.checkpoint import default_base_path
+        from training.finetuning.finetune import default_pooling
 
         base = default_base_path() if s.get("base") == "default" else Path(record["base"])  # venvs move
         chosen = default_pooling(base) if base.is_dir() else chosen

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from berth.config_files import add_config_flag, fail, settings_from_args, write_config
 from berth.flags import add_settings_flags
-from training.settings import FinetuneSettings
+from training.finetuning.settings import FinetuneSettings
 
 EXAMPLES = """examples:
   # $DATA: your data folder, laid out as docs/data.md says (where each public set comes from, its license)
@@ -72,8 +72,8 @@ OPTIONS = {
 
 
 def run_finetune_command(args: argparse.Namespace) -> int:
-    from training.finetune import FinetuneInputError, run_finetune
-    from training.output_lock import output_lock
+    from training.finetuning.finetune import FinetuneInputError, run_finetune
+    from training.loop.output_lock import output_lock
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = settings_from_args(args, FinetuneSettings, "finetune")
@@ -91,8 +91,8 @@ def run_finetune_command(args: argparse.Namespace) -> int:
 
 
 def run_evaluate_command(args: argparse.Namespace) -> int:
-    from training.evaluate import evaluate_report, write_report
-    from training.evaluate_table import render_report
+    from training.finetuning.evaluate import evaluate_report, write_report
+    from training.finetuning.evaluate_table import render_report
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     columns = {name: getattr(args, name) for name in ("text_column", "text_pair_column", "label_column", "id_column")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from berth.config_files import add_config_flag, fail, settings_from_args, write_config
 from berth.flags import add_settings_flags
-from training.config import PRESETS
+from training.bert.config import PRESETS
 from training.pretraining.settings import PretrainSettings
 
 EXAMPLES = """examples:
@@ -151,7 +151,7 @@ def run_command(args: argparse.Namespace) -> int:
     from training.pretraining.run import run_pretrain
 
     logging.getLogger("berth.pretrain").info("settings: %s", settings.model_dump_json())
-    from training.output_lock import output_lock
+    from training.loop.output_lock import output_lock
 
     main_rank = os.environ.get("RANK", "0") == "0"  # one writer under torchrun
     with output_lock(settings.out, "berth pretrain") if main_rank else contextlib.nullcontext():

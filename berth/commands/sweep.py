@@ -11,7 +11,7 @@ from typing import Any
 
 from berth.commands.finetune import FLAG_NAMES, GROUPS, OPTIONS
 from berth.flags import add_settings_flags, given_settings
-from training.settings import FinetuneSettings
+from training.finetuning.settings import FinetuneSettings
 
 DEFAULT_MAX_TRIALS = 48
 
@@ -112,8 +112,8 @@ def build_plan(args: argparse.Namespace):
     from pydantic import ValidationError
 
     from berth.config_files import ConfigError, describe_errors, read_config
-    from training.sweep import SweepPlan, check_budget
-    from training.sweep_grid import GridError, expand, normalize_grid, parse_grid, size
+    from berth.sweep.grid import GridError, expand, normalize_grid, parse_grid, size
+    from berth.sweep.run import SweepPlan, check_budget
 
     try:
         config = read_config(args.config) if args.config else {}
@@ -169,7 +169,7 @@ def build_plan(args: argparse.Namespace):
 
 
 def run_sweep_command(args: argparse.Namespace) -> int:
-    from training.sweep import SweepError, export_winner, open_sweep, run_sweep
+    from berth.sweep.run import SweepError, export_winner, open_sweep, run_sweep
 
     try:
         plan = build_plan(args)
@@ -182,7 +182,7 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     print(f"berth sweep: {len(plan.cells)} cells x {len(plan.seeds)} restarts into {plan.out}", file=sys.stderr)
     try:
         if args.ray is not None:
-            from training.sweep_ray import RayUnavailable, run_sweep_on_ray
+            from berth.sweep.on_ray import RayUnavailable, run_sweep_on_ray
 
             try:
                 record = run_sweep_on_ray(plan, args.ray, asha=args.ray_asha)

@@ -1,8 +1,8 @@
 """A sweep record (sweep.json) as Markdown: one row per cell (mean ± std over restarts, min, max, the best
 restart, failures), the winner, and the cell with the best mean. Generated, never typed.
 
-    python -m training.sweep_report OUT/sweep.json [--scale 100]
-    python -m training.sweep_report RECORD.json --into docs/RESULTS.md --block NAME  # rewrite one block
+    python -m berth.sweep.report OUT/sweep.json [--scale 100]
+    python -m berth.sweep.report RECORD.json --into docs/RESULTS.md --block NAME  # rewrite one block
 
 `--into` replaces the text between `<!-- generated:NAME -->` and `<!-- /generated:NAME -->` and nothing else.
 """

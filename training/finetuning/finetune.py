@@ -1,7 +1,7 @@
 """Fine-tune a BERT model folder into a task head and evaluate it: the engine of `berth finetune`.
 
 The task layer (tasks/) turns examples into features and predictions into answers and metrics;
-training/task_data.py adapts it to torch; training/trainer.py is the one training loop. This
+training/finetuning/task_data.py adapts it to torch; training/loop/trainer.py is the one training loop. This
 module wires them: base model folder -> head -> train -> evaluate on dev -> a Hugging Face folder
 with berth_task.json (labels, task settings, dev metrics) and the run's config.
 """
@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from training.errors import UserFacingError
-from training.settings import FinetuneSettings
+from training.finetuning.settings import FinetuneSettings
 
 if TYPE_CHECKING:
-    from training.callbacks import TrainerCallback
+    from training.loop.callbacks import TrainerCallback
 
 __all__ = ["FinetuneInputError", "FinetuneSettings", "run_finetune"]  # FinetuneSettings: imported by callers
 
@@ -47,7 +47,7 @@ def write_card(out: Path, name: str | None = None) -> None:
 def resolve_base(base: str) -> Path:
     """`default` means the embedded all-MiniLM-L6-v2 checkpoint; anything else is a BERT checkpoint folder, checked
     here (config, weights, tokenizer) so that a wrong --base is one line before any work."""
-    from training.checkpoint import checkpoint_problem, default_base_path
+    from training.bert.checkpoint import checkpoint_problem, default_base_path
 
     path = default_base_path() if base == "default" else Path(base)
     problem = checkpoint_problem(path)
@@ -93,9 +93,9 @@ def default_pooling(base: Path) -> str:
 
 
 def run_finetune(settings: FinetuneSettings, callbacks: Sequence[TrainerCallback] = ()) -> dict[str, float]:
-    """`_run_finetune` holding the output folder's lock (training/output_lock.py): a second run on a folder that a
+    """`_run_finetune` holding the output folder's lock (training/loop/output_lock.py): a second run on a folder that a
     live run writes is refused. Under torchrun, rank 0 holds it for all."""
-    from training.output_lock import output_lock
+    from training.loop.output_lock import output_lock
 
     if int(os.environ.get("RANK", "0")) != 0:
         return _run_finetune(settings, callbacks)
@@ -114,13 +114,13 @@ def _run_finetune(settings: FinetuneSettings, callbacks: Sequence[TrainerCallbac
     from tasks.classification import REGRESSION
     from tasks.registry import definition, head_class
     from tasks.runtime.tokenizer import load_tokenizer
-    from training import dev_evaluation, feature_based, output_cache, run_checks, task_data, trackers
-    from training import model as models
-    from training.checkpoint import CheckpointError, load_pretrained, save_pretrained
-    from training.metrics_log import METRICS_FILE
-    from training.saving import ensure_free_space, tensor_bytes
-    from training.torch_runner import torch_item_runner
-    from training.trainer import Plan, train
+    from training.bert import model as models
+    from training.bert.checkpoint import CheckpointError, load_pretrained, save_pretrained
+    from training.bert.torch_runner import torch_item_runner
+    from training.finetuning import dev_evaluation, feature_based, output_cache, run_checks, task_data, trackers
+    from training.loop.metrics_log import METRICS_FILE
+    from training.loop.saving import ensure_free_space, tensor_bytes
+    from training.loop.trainer import Plan, train
 
     try:
         trackers.check_available(settings.report_to)
@@ -237,7 +237,7 @@ def write_run_record(folder: Path, settings: FinetuneSettings, base: Path, train
                      best_record: dict | None, spec, cache_record: dict | None, bad_rows: dict,
                      warnings: list[str]) -> None:
     """finetune_run.json: the settings, data, result, dev metrics, speed and provenance of the run."""
-    from training.precision import cpu_bf16_support
+    from training.loop.precision import cpu_bf16_support
 
     run = {
         "settings": json.loads(settings.model_dump_json()),
@@ -272,7 +272,7 @@ def write_run_record(folder: Path, settings: FinetuneSettings, base: Path, train
 def write_bad_rows(found: list, out: Path, policy: str) -> dict:
     """OUT/errors.jsonl: the rows skipped under bad_rows "skip" (file, line, reason), written whole or not at all;
     returns the run record's entry (policy, count, file)."""
-    from training.saving import atomic_write_text
+    from training.loop.saving import atomic_write_text
 
     path = out / ERRORS_FILE
     if not found:
@@ -286,8 +286,8 @@ def write_bad_rows(found: list, out: Path, policy: str) -> dict:
 def model_staging(out: Path, model, base: Path) -> Path:
     """The temporary folder the model is written into, inside `out`; refused up front when the disk has not the
     room for the weights and the tokenizer files."""
-    from training.checkpoint import TOKENIZER_FILES
-    from training.saving import ensure_free_space, tensor_bytes
+    from training.bert.checkpoint import TOKENIZER_FILES
+    from training.loop.saving import ensure_free_space, tensor_bytes
 
     out.mkdir(parents=True, exist_ok=True)
     size = tensor_bytes(model.state_dict()) + sum((base / n).stat().st_size for n in TOKENIZER_FILES
@@ -301,7 +301,7 @@ def staged_model(out: Path, staging: Path):
     """Fill `staging`, then move its files into `out`, berth_task.json (what marks a model folder finished) last.
     A refused write is one line and leaves the training state in OUT/train_state; the staging folder goes."""
     from tasks.runtime.spec import TASK_FILE
-    from training.saving import disk_errors, publish_files
+    from training.loop.saving import disk_errors, publish_files
 
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()

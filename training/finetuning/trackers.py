@@ -25,7 +25,7 @@ from typing import Any
 
 from torch import nn
 
-from training.callbacks import TrainerCallback
+from training.loop.callbacks import TrainerCallback
 
 TRACKERS = ("tensorboard", "mlflow")
 TENSORBOARD_DIR = "tensorboard"  # under the output folder

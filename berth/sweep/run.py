@@ -1,5 +1,5 @@
 """The BERT paper's fine-tuning protocol: every cell of a grid x every restart (seed) is a real fine-tuning
-run through training.finetune.run_finetune (the loop `berth finetune` uses), selected on dev by the task's
+run through training.finetuning.finetune.run_finetune (the loop `berth finetune` uses), selected on dev by the task's
 metric. The engine of `berth sweep`.
 
 Layout of the sweep folder OUT:
@@ -12,7 +12,7 @@ Layout of the sweep folder OUT:
 - best/: the winner's model folder (hard links where the file system allows), kept up to date as trials
   finish; the other trials' weights are deleted as soon as they are beaten, unless `keep_trials`.
 - sweep.json: every trial (its settings, seed, dev metrics, minutes, status), the winner, per cell the
-  statistics over restarts (training/sweep_stats.py), rewritten after every trial.
+  statistics over restarts (berth/sweep/stats.py), rewritten after every trial.
 
 Order: restart-major (every cell's first restart, then every cell's second ...), so that a sweep cut short
 by its time budget still has one trial of every cell.
@@ -38,10 +38,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from training import sweep_stats
+from berth.sweep import stats as sweep_stats
+from berth.sweep.grid import describe
 from training.errors import TrainingDiverged, UserFacingError
-from training.settings import FinetuneSettings
-from training.sweep_grid import describe
+from training.finetuning.settings import FinetuneSettings
 
 log = logging.getLogger("berth.sweep")
 
@@ -69,7 +69,7 @@ class SweepError(ValueError):
 class SweepPlan:
     base: dict[str, Any]  # FinetuneSettings fields as given (out: the sweep folder)
     grid: dict[str, list]  # setting -> values (typed); {} is the one-cell sweep (restarts only)
-    cells: list[dict[str, Any]]  # the grid's cells, validated (training.sweep_grid.expand)
+    cells: list[dict[str, Any]]  # the grid's cells, validated (berth.sweep.grid.expand)
     seeds: list[int]
     metric: str | None = None  # None: the task's headline metric
     sweep_minutes: float | None = None  # no new trial starts once the trials have used this many minutes
@@ -145,7 +145,7 @@ Runner = Callable[[FinetuneSettings], dict[str, float]]
 def run_sweep(plan: SweepPlan, runner: Runner | None = None) -> dict[str, Any]:
     """Run every unfinished trial of `plan` (in order, within the budget) and return the sweep record."""
     if runner is None:
-        from training.finetune import run_finetune as runner
+        from training.finetuning.finetune import run_finetune as runner
     open_sweep(plan)
     done = load_trials(plan)
     order = plan.order()
@@ -254,7 +254,7 @@ def _metric(plan: SweepPlan, done: dict[str, dict]) -> str | None:
 
 def greater_is_better(metric: str) -> bool:
     """The direction of a metric by its name, as a run's best-checkpoint choice reads it."""
-    from training.callbacks import greater_is_better as by_name
+    from training.loop.callbacks import greater_is_better as by_name
 
     return by_name(metric)
 
@@ -292,7 +292,7 @@ def summarize(plan: SweepPlan, done: dict[str, dict], stopped_by: str | None) ->
     winner = sweep_stats.select_winner(trials, metric, greater) if metric else None
     statuses = ("ok", "failed", "not_run") + (("stopped",) if any(t["status"] == "stopped" for t in trials) else ())
     counts = {status: sum(t["status"] == status for t in trials) for status in statuses}  # stopped: by ASHA (--ray)
-    from training.finetune import run_provenance
+    from training.finetuning.finetune import run_provenance
 
     return {
         "format": 1,

@@ -1,6 +1,6 @@
 """Hooks into the one training loop: what best-checkpoint keeping, early stopping and trackers plug into.
 
-The loop (training/trainer.py) knows nothing about tasks or metrics. It calls each callback with what it
+The loop (training/loop/trainer.py) knows nothing about tasks or metrics. It calls each callback with what it
 has (a metrics line, the results of an evaluation), asks whether to stop, and keeps each callback's
 `state_dict()` in its resumable training state, handing it back through `restore` when a run resumes.
 So a run killed mid-way resumes with its best-so-far and its patience counter, as if never stopped.
@@ -17,7 +17,7 @@ from typing import Any
 
 from torch import nn
 
-from training.training_state import load_training_state, save_training_state
+from training.loop.training_state import load_training_state, save_training_state
 
 _STEP_FOLDER = re.compile(r"^step-(\d+)$")
 

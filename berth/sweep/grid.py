@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from training.settings import FinetuneSettings
+from training.finetuning.settings import FinetuneSettings
 
 PRESETS: dict[str, dict[str, list]] = {
     "paper": {"learning_rate": [5e-5, 3e-5, 2e-5], "batch_size": [16, 32], "epochs": [2, 3, 4]},
