@@ -462,14 +462,12 @@ def _best_of_seeds(recipe: Recipe, settings, tag: str) -> tuple[dict[str, float]
 
 def _unfinished_sweep(folder: Path, settings, recipe: Recipe) -> bool:
     """Whether `folder` holds this recipe's sweep with trials still to run."""
-    from berth.sweep.run import PLAN_FILE, RECORD_FILE, SweepPlan
+    from berth.sweep.run import PLAN_FILE, RECORD_FILE, seeds_plan
 
     plan_file, record_file = folder / PLAN_FILE, folder / RECORD_FILE
     if not plan_file.is_file():
         return False
-    base = settings.model_dump(mode="json", exclude={"seed"})
-    base["out"] = str(folder)
-    plan = SweepPlan(base=base, grid={}, cells=[{}], seeds=list(recipe.seeds), metric=recipe.select)
+    plan = seeds_plan(settings, list(recipe.seeds), folder, metric=recipe.select)
     try:
         stored = json.loads(plan_file.read_text(encoding="utf-8"))
         finished = record_file.is_file() and json.loads(record_file.read_text(encoding="utf-8"))["counts"][

@@ -30,7 +30,7 @@ from typing import Any, NoReturn, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from berth.flags import given_settings
+from berth.flags import SHORT_NAMES, given_settings
 
 CONFIG_FILE = "config.yaml"  # the effective settings of a run, in its output folder
 Settings = TypeVar("Settings", bound=BaseModel)
@@ -79,9 +79,13 @@ def settings_from_args(args: argparse.Namespace, model: type[Settings], command:
 
 
 def merged_settings(model: type[Settings], config: Path | None, flags: Mapping[str, Any],
-                    base: Mapping[str, Any] | None = None) -> Settings:
-    """defaults < base < config file < flags, validated; ConfigError with one line on any problem."""
+                    base: Mapping[str, Any] | None = None, sections: dict[str, Any] | None = None) -> Settings:
+    """defaults < base < config file < flags, validated; ConfigError with one line on any problem. The keys of
+    `sections` are parts of the file that are not settings (a sweep's `grid:`): their values are moved there."""
     from_file = read_config(config) if config else {}
+    for key in sections or {}:
+        if key in from_file:
+            sections[key] = from_file.pop(key)
     try:
         return model(**{**(base or {}), **from_file, **flags})
     except ValidationError as error:
@@ -93,13 +97,9 @@ def did_you_mean(name: str, fields: list[str]) -> str | None:
     learning_rate), else the closest spelling among `fields`."""
     import difflib
 
-    try:
-        from berth.sweep.grid import ALIASES
-    except ImportError:  # a serving install
-        ALIASES = {}
     key = name.replace("-", "_").lstrip("_")
-    if ALIASES.get(key) in fields:
-        return ALIASES[key]
+    if SHORT_NAMES.get(key) in fields:
+        return SHORT_NAMES[key]
     close = difflib.get_close_matches(key, fields, n=1, cutoff=0.75)
     return close[0] if close else None
 

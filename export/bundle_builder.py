@@ -22,7 +22,15 @@ from export.settings import ExportSettings
 from tasks.bundle_checks import check_examples, load_bundle
 from tasks.model_card import CARD_FILE, bundle_card, checkpoint_reference, portable_paths
 from tasks.registry import definition, head_class
-from tasks.runtime.bundle import FORMAT_VERSION, MODEL_FILE, PRECISION_PROVIDERS, TOKENIZER_FILE, Bundle, file_sha256
+from tasks.runtime.bundle import (
+    FORMAT_VERSION,
+    MODEL_FILE,
+    PRECISION_PROVIDERS,
+    TOKENIZER_FILE,
+    Bundle,
+    BundleError,
+    file_sha256,
+)
 from tasks.runtime.onnx_session import CPU, CUDA, create_session, onnx_item_runner, onnx_runner
 from tasks.runtime.progress import Progress, counted
 from tasks.runtime.tokenizer import load_tokenizer
@@ -30,6 +38,17 @@ from training.finetuning.evaluate import recorded_columns
 from training.loop.saving import disk_errors, ensure_free_space, replace_directory, tensor_bytes
 
 log = logging.getLogger(__name__)
+
+# What stops an export: a gate's refusal (`berth export` exits 1), or a folder or graph it cannot export (2).
+EXPORT_REFUSALS = (invariance.InvarianceError, parity.ParityError)
+EXPORT_FAILURES = (onnx_export.ExportError, FileNotFoundError, BundleError)
+# The ORT transformer optimizer logs every fusion at INFO; its summary is in the manifest instead.
+NOISY_LOGGERS = ("fusion_base", "onnx_model", "onnx_model_bert", "fusion_utils")
+
+
+def quiet_optimizer_logs() -> None:
+    for name in NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 Optimize = Literal["auto", "always", "never"]
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from berth.config_files import add_config_flag, fail, settings_from_args, write_config
-from berth.flags import add_settings_flags
+from berth.flags import LOOP_FLAG_NAMES, add_settings_flags
 from training.finetuning.settings import FinetuneSettings
 
 EXAMPLES = """examples:
@@ -50,9 +50,8 @@ and the best weights so far (run the same command again to resume after a kill);
 """
 
 FLAG_NAMES = {  # the flags' short names; every other setting is --its-name
-    "train_file": "--train", "dev_file": "--dev", "data_format": "--format", "version_2_with_negative": "--squad-v2",
-    "learning_rate": "--lr", "grad_accum_steps": "--grad-accum", "fit_schedule_to_budget": "--cut-at-budget",
-    "num_threads": "--threads",
+    **LOOP_FLAG_NAMES, "train_file": "--train", "dev_file": "--dev", "data_format": "--format",
+    "version_2_with_negative": "--squad-v2", "fit_schedule_to_budget": "--cut-at-budget",
 }
 GROUPS = {
     "data": ["task", "train_file", "dev_file", "out", "data_format", "text_column", "text_pair_column",

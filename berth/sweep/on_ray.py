@@ -76,7 +76,7 @@ def _import_ray():
 
 def selection_metric(plan: SweepPlan) -> str | None:
     """The metric asked for (--metric, else --metric-for-best); None: the task's headline metric."""
-    return plan.metric or plan.base.get("metric_for_best")
+    return plan.metric or plan.settings.metric_for_best
 
 
 class TuneReport(TrainerCallback):
@@ -121,9 +121,9 @@ def _trainable(config: dict[str, Any], plan: SweepPlan, cwd: str) -> None:
         os.chdir(cwd)  # the plan's relative paths are the driver's
     cell, seed = parse_trial_id(config["trial"])
     metric = selection_metric(plan)
-    runner = functools.partial(run_finetune, callbacks=[TuneReport(plan.base["task"], metric)])
+    runner = functools.partial(run_finetune, callbacks=[TuneReport(plan.settings.task, metric)])
     record = run_trial(plan, cell, seed, runner)  # trial.json is written before the last report
-    final = _objective(plan.base["task"], metric, record.get("dev_metrics") or {}) if record["status"] == "ok" else {}
+    final = _objective(plan.settings.task, metric, record.get("dev_metrics") or {}) if record["status"] == "ok" else {}
     tune.report({**final, "step": record.get("steps") or 0, "final": True, "trial_status": record["status"]})
 
 
@@ -164,7 +164,7 @@ def run_sweep_on_ray(plan: SweepPlan, address: str = "auto", asha: bool = False)
     mode = "max" if metric is None or greater_is_better(metric) else "min"
     results = []
     if todo:
-        cpus = float(plan.base.get("num_threads") or 1)
+        cpus = float(plan.settings.num_threads or 1)
         os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")  # a failed trial reports no metric
         # Tune and the workers' forwarded logs print to stdout; the command's stdout is its one JSON document.
         with contextlib.redirect_stdout(sys.stderr):

@@ -19,6 +19,7 @@ from berth.cli import main
 from berth.sweep.grid import PRESETS, GridError, expand, parse_grid, size
 from berth.sweep.stats import best_cell_by_mean, cell_statistics, select_winner
 from tests.training.tiny_training import save_tiny_bert_folder
+from training.finetuning.settings import FinetuneSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "data" / "samples" / "topics"
@@ -65,7 +66,7 @@ def uninterrupted(tiny_base, tmp_path_factory) -> Path:
 def test_grid_parsing_types_and_orders_the_cells():
     grid = parse_grid(["lr=5e-5,3e-5,2e-5", "batch_size=16,32", "epochs=2,3,4"])
     assert list(grid) == ["learning_rate", "batch_size", "epochs"] and size(grid) == 18
-    base = {"task": "classification", "train_file": "t.tsv", "out": "o"}
+    base = FinetuneSettings(task="classification", train_file="t.tsv", out="o")
     cells = expand(base, grid)
     assert len(cells) == 18
     assert cells[0] == {"learning_rate": 5e-5, "batch_size": 16, "epochs": 2.0}
@@ -99,7 +100,7 @@ def test_grid_refusals(items, message):
 
 
 def test_bad_values_are_refused_with_the_settings_message():
-    base = {"task": "classification", "train_file": "t.tsv", "out": "o"}
+    base = FinetuneSettings(task="classification", train_file="t.tsv", out="o")
     with pytest.raises(GridError, match="learning_rate=abc: learning_rate: Input should be a valid number"):
         expand(base, parse_grid(["lr=1e-4,abc"]))
     with pytest.raises(GridError, match="batch_size=0: batch_size: Input should be greater than 0"):
@@ -289,7 +290,8 @@ def test_a_spent_budget_stops_the_sweep_after_whole_trials(tmp_path, capsys, tin
 def test_restart_major_order_gives_every_cell_a_trial_first():
     from berth.sweep.run import SweepPlan
 
-    plan = SweepPlan(base={"out": "o"}, grid={"learning_rate": [1, 2, 3]}, cells=[{}, {}, {}], seeds=[7, 8])
+    settings = FinetuneSettings(task="classification", train_file="t.tsv", out="o")
+    plan = SweepPlan(settings=settings, grid={"learning_rate": [1, 2, 3]}, cells=[{}, {}, {}], seeds=[7, 8])
     assert plan.order() == [(0, 7), (1, 7), (2, 7), (0, 8), (1, 8), (2, 8)]
 
 
