@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from berth.sweep.report import with_block
 
 REPO = Path(__file__).resolve().parents[1]
 RECORDS = REPO / "bench" / "results" / "finetune"
@@ -316,10 +317,7 @@ BLOCKS = {"targets": targets_table, "runs": runs_table, "speed": speed_table, "p
 
 def render(text: str, records: list[dict]) -> str:
     for name, make in BLOCKS.items():
-        pattern = re.compile(rf"(<!-- generated:{name} -->\n).*?(<!-- /generated:{name} -->)", re.S)
-        if not pattern.search(text):
-            raise SystemExit(f"{RESULTS}: no <!-- generated:{name} --> block")
-        text = pattern.sub(lambda m, make=make: m.group(1) + make(records) + "\n" + m.group(2), text)
+        text = with_block(text, name, make(records) + "\n", RESULTS)
     return text
 
 

@@ -9,9 +9,11 @@ Every hook runs on rank 0 only (where evaluation runs); the loop shares `should_
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import shutil
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,24 @@ class TrainerCallback:
 
     def should_stop(self) -> bool:
         return False
+
+    def on_run_end(self, out: Path, step: int, metrics: dict[str, float]) -> None:
+        """The run's model is saved in `out`, its weights from optimizer step `step`, scored `metrics` on dev: the
+        last hook. The job that saves the model calls it (the loop ends before the model is saved)."""
+
+    def close(self) -> None:
+        """The run stopped before its model was saved (an error, an interrupt): let go of what is held open."""
+
+
+@contextlib.contextmanager
+def closed_on_failure(callbacks: Sequence[TrainerCallback]) -> Iterator[None]:
+    """Run the block; when it raises, every callback's `close` runs before the error goes on."""
+    try:
+        yield
+    except BaseException:
+        for callback in callbacks:
+            callback.close()
+        raise
 
 
 def greater_is_better(metric: str) -> bool:
