@@ -20,21 +20,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from training.errors import UserFacingError
-from training.finetuning.settings import FinetuneSettings
+from training.finetuning.settings import FinetuneInputError, FinetuneSettings
 
 if TYPE_CHECKING:
     from training.loop.callbacks import TrainerCallback
 
-__all__ = ["FinetuneInputError", "FinetuneSettings", "run_finetune"]  # FinetuneSettings: imported by callers
+__all__ = ["FinetuneInputError", "FinetuneSettings", "run_finetune"]  # the settings' names: imported by callers
 
 log = logging.getLogger("berth.finetune")
 STATE_DIR = "train_state"  # the resumable training state, under the output folder while training
 ERRORS_FILE = "errors.jsonl"  # the bad rows skipped under bad_rows "skip", one JSON object a line
-
-
-class FinetuneInputError(UserFacingError):
-    """A setting that cannot work here (an unknown --metric-for-best, a tracker not installed), found before
-    training starts."""
 
 
 def write_card(out: Path, name: str | None = None) -> None:

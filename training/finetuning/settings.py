@@ -11,6 +11,7 @@ from pydantic import Field, model_validator
 
 from tasks.definition import TaskDefinition
 from tasks.registry import DEFINITIONS, definition
+from training.errors import UserFacingError
 from training.loop.settings import TrainLoopSettings, loop_default
 
 # The tasks a training adapter reads data for, in the registry's order (the choices of --task).
@@ -22,6 +23,11 @@ _LENGTHS = "".join(f"{definition(name).finetune_max_seq_length} for {name}, " fo
                    if definition(name).finetune_max_seq_length != _LENGTH) + f"{_LENGTH} otherwise"
 _STRIDES = "; ".join(f"{name}: context tokens two windows share (default {definition(name).finetune_doc_stride})"
                      for name in FINETUNE_TASKS if definition(name).finetune_doc_stride is not None)
+
+
+class FinetuneInputError(UserFacingError):
+    """A setting that cannot work here (an unknown --metric-for-best, a tracker not installed), found before
+    training starts."""
 
 
 class FinetuneSettings(TrainLoopSettings):

@@ -26,7 +26,7 @@ from typing import Any
 
 from torch import nn
 
-from training.errors import UserFacingError
+from training.finetuning.settings import FinetuneInputError
 from training.loop.callbacks import TrainerCallback
 
 TRACKERS = ("tensorboard", "mlflow")
@@ -35,7 +35,7 @@ DEFAULT_MLFLOW_DIR = "mlruns"  # under the working directory
 NOT_LOGGED = {"step", "epoch", "elapsed_s", "split"}
 
 
-class TrackerUnavailable(UserFacingError):
+class TrackerUnavailable(FinetuneInputError):
     """A tracker named in --report-to whose package is not installed."""
 
 
