@@ -1,7 +1,7 @@
 """Engine benchmark: sequences/s and latency of one BERT forward, by batch size and sequence length.
 
 Engines, side by side in one run:
-- `pytorch`: PyTorch eager (training/model.py, SDPA attention, inference_mode);
+- `pytorch`: PyTorch eager (training/bert/model.py, SDPA attention, inference_mode);
 - `ort-plain`: ONNX Runtime on the exported graph (the session's own graph optimizations on, as served);
 - `ort-optimized`: ONNX Runtime on the graph after the offline transformer optimizer (fused Attention,
   EmbedLayerNormalization, SkipLayerNormalization, BiasGelu);
@@ -43,9 +43,9 @@ def build_model(name: str):
     """The PyTorch model (sequence classification head, 2 labels, eval mode) of a benchmark model name."""
     import torch
 
-    from training.checkpoint import default_base_path, load_pretrained
-    from training.config import BertConfig
-    from training.model import BertForSequenceClassification
+    from training.bert.checkpoint import default_base_path, load_pretrained
+    from training.bert.config import BertConfig
+    from training.bert.model import BertForSequenceClassification
 
     torch.manual_seed(0)
     if name == "base-l6":

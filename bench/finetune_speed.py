@@ -7,8 +7,8 @@ and 384 tokens (doc stride 128), featurized by the same code `berth finetune` us
 The default variants, cumulative:
 
 1. ``random-1thread``: the old loop: random batch order, one intra-op thread, eager PyTorch;
-2. ``grouped-1thread``: + length-grouped batches (training.trainer's group_by_length);
-3. ``grouped-allcores``: + every usable core (training.threads.default_threads);
+2. ``grouped-1thread``: + length-grouped batches (training.loop.trainer's group_by_length);
+3. ``grouped-allcores``: + every usable core (training.loop.threads.default_threads);
 4. ``grouped-allcores-compile`` (with ``--compile``): + ``torch.compile(dynamic=True)``.
 
 With ``--precision``: ``fp32`` (= grouped-allcores) against ``bf16`` (autocast, as the trainer's
@@ -41,10 +41,10 @@ from typing import Any
 import torch
 
 from bench.machine import machine_facts
-from training.data_order import epoch_batches
-from training.optimizer import build_optimizer
-from training.precision import autocast, cpu_bf16_support
-from training.settings import TrainSettings
+from training.loop.data_order import epoch_batches
+from training.loop.optimizer import build_optimizer
+from training.loop.precision import autocast, cpu_bf16_support
+from training.loop.settings import TrainSettings
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data"
@@ -58,9 +58,9 @@ def workloads(sst2_examples: int, squad_questions: int, conll_sentences: int = 0
     """name -> spec (which head, as `berth finetune` chooses it), features, batch size: real data through the
     fine-tuning feature code."""
     from tasks.runtime.tokenizer import load_tokenizer
-    from training import task_data
-    from training.checkpoint import default_base_path
-    from training.finetune import FinetuneSettings
+    from training.bert.checkpoint import default_base_path
+    from training.finetuning import task_data
+    from training.finetuning.finetune import FinetuneSettings
 
     base = default_base_path()
     tokenizer = load_tokenizer(base)
@@ -93,9 +93,9 @@ def make_model(spec: Any) -> torch.nn.Module:
     """The head `berth finetune` trains for `spec` on the default base, chosen as it chooses it: the task
     definition's head class and config values (its labels), the base's own pooling where the head pools."""
     from tasks.registry import definition, head_class
-    from training import model as models
-    from training.checkpoint import default_base_path, load_pretrained
-    from training.finetune import default_pooling
+    from training.bert import model as models
+    from training.bert.checkpoint import default_base_path, load_pretrained
+    from training.finetuning.finetune import default_pooling
 
     torch.manual_seed(0)
     base, task = default_base_path(), definition(spec.task)
@@ -109,7 +109,7 @@ def make_model(spec: Any) -> torch.nn.Module:
 
 class Contestant:
     def __init__(self, variant: str, spec: Any, features: list, batch_size: int, all_cores: int) -> None:
-        from training import task_data
+        from training.finetuning import task_data
 
         self.variant = variant
         self.threads = 1 if variant.endswith("1thread") else all_cores

@@ -14,7 +14,7 @@ succeed, the tail of its output; a phase that fails does not stop the phases tha
    batch on the same GPU (bench/gpu_serving.py);
 6. ddp: the fine-tuning through `torchrun` (one process per GPU: 1 here; NCCL on CUDA), a short time budget; last,
    as the phase the budget can best lose. berth joins a process group only at a world size above 1
-   (training/distributed.py), so on one GPU this runs torchrun's launch and the one-process loop, and records that
+   (training/loop/distributed.py), so on one GPU this runs torchrun's launch and the one-process loop, and records that
    no backend was joined; the dry run starts 2 CPU processes (gloo) so that the group, its sharding and the
    record's backend field are exercised.
 `--dry-run` runs every phase on this CPU on a tiny slice (fp32, a few steps; serve on the CPU provider), the

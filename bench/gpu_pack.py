@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.out is None:
         parser.error("--out or --check is needed")
-    from training.checkpoint import default_base_path
+    from training.bert.checkpoint import default_base_path
 
     shutil.rmtree(args.out, ignore_errors=True)
     pack_model(default_base_path(), args.out / "model")

@@ -1,6 +1,6 @@
 """The accuracy cost of int8: a fine-tuned model's dev metrics in PyTorch, ONNX fp32 and ONNX int8.
 
-All three run through the same evaluation code as `berth evaluate` (training/task_data.py: the task
+All three run through the same evaluation code as `berth evaluate` (training/finetuning/task_data.py: the task
 layer's encoding and decoding, the official metrics), PyTorch and ONNX Runtime each as the task layer's
 runner. The int8 graph is made as `berth export --precision int8` makes it (export/precision.py
 DEFAULT_RECIPE; `--recipe` for another, static ones calibrated on the model's own training file from
@@ -76,7 +76,7 @@ def evaluate_all(folder: Path, data: Path, limit: int | None, threads: int, reci
     from export.onnx_export import export_onnx, load_finetuned
     from export.precision import DEFAULT_RECIPE, RECIPES, to_int8
     from tasks.runtime.tokenizer import load_tokenizer
-    from training.torch_runner import torch_item_runner
+    from training.bert.torch_runner import torch_item_runner
 
     torch.set_num_threads(threads)
     model, spec, _ = load_finetuned(folder)

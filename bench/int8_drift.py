@@ -59,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     from export.onnx_export import export_onnx, load_finetuned
     from tasks.runtime.onnx_session import create_session
     from tasks.runtime.tokenizer import load_tokenizer
-    from training import task_data
-    from training.finetune import FinetuneSettings
+    from training.finetuning import task_data
+    from training.finetuning.finetune import FinetuneSettings
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path, nargs="?")

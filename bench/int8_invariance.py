@@ -48,7 +48,7 @@ def measure_model(folder: Path, recipes: tuple[str, ...], threads: int, rounds: 
     from tasks.runtime.inference import Batch, run_batch
     from tasks.runtime.onnx_session import create_session, onnx_item_runner, onnx_runner
     from tasks.runtime.tokenizer import load_tokenizer
-    from training.torch_runner import torch_item_runner
+    from training.bert.torch_runner import torch_item_runner
 
     torch.set_num_threads(threads)
     model, spec, _ = load_finetuned(folder)

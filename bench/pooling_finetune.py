@@ -76,8 +76,8 @@ def berth_labels(folder: Path, texts: list[str]) -> list[str]:
     from tasks import common
     from tasks.runtime.batching import pad_batch
     from tasks.runtime.tokenizer import load_tokenizer
-    from training.checkpoint import load_pretrained
-    from training.model import BertForSequenceClassification
+    from training.bert.checkpoint import load_pretrained
+    from training.bert.model import BertForSequenceClassification
 
     model, _ = load_pretrained(BertForSequenceClassification, folder)
     tokenizer = load_tokenizer(folder)
@@ -108,8 +108,8 @@ def write(output: Path, threads: int, runs: list[dict]) -> None:
 def main(argv: list[str] | None = None) -> None:
     import csv
 
-    from training.finetune import FinetuneSettings, run_finetune
-    from training.threads import default_threads
+    from training.finetuning.finetune import FinetuneSettings, run_finetune
+    from training.loop.threads import default_threads
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[42, 1])

@@ -33,7 +33,7 @@ RESULTS = REPO / "bench" / "results" / "pooling_probe.json"
 def features(model, tokenizer, texts: list[str], batch_size: int = 64) -> dict[str, np.ndarray]:
     from tasks import common
     from tasks.runtime.batching import pad_batch
-    from training.model import mean_pool
+    from training.bert.model import mean_pool
 
     out: dict[str, list[np.ndarray]] = {"cls": [], "mean": []}
     for start in range(0, len(texts), batch_size):
@@ -70,9 +70,9 @@ def probe(train_x: np.ndarray, train_y: np.ndarray, dev_x: np.ndarray, dev_y: np
 def main(argv: list[str] | None = None) -> None:
     from tasks import readers
     from tasks.runtime.tokenizer import load_tokenizer
-    from training.checkpoint import default_base_path, load_pretrained
-    from training.model import BertModel
-    from training.threads import default_threads
+    from training.bert.checkpoint import default_base_path, load_pretrained
+    from training.bert.model import BertModel
+    from training.loop.threads import default_threads
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--train", type=int, default=1000, help="SST-2 training sentences (a seeded sample)")

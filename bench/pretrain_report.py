@@ -13,7 +13,7 @@ import json
 import statistics
 from pathlib import Path
 
-from training.sweep_report import replace_block
+from berth.sweep.report import replace_block
 
 REPO = Path(__file__).resolve().parents[1]
 RECORDS = REPO / "bench" / "results" / "pretrain"

@@ -28,7 +28,7 @@ HELD_TO = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA
 
 
 def recipe_speed(precision: str, steps: int, threads: int) -> dict:
-    from training.finetune import FinetuneSettings, run_finetune
+    from training.finetuning.finetune import FinetuneSettings, run_finetune
 
     rows = {}
     with tempfile.TemporaryDirectory() as work:

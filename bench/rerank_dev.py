@@ -32,8 +32,8 @@ def reranker_rankings(folder: Path, examples: list) -> list[list[int]]:
     from export.onnx_export import load_finetuned
     from tasks.registry import definition
     from tasks.runtime.tokenizer import load_tokenizer
-    from training import output_cache
-    from training.torch_runner import torch_item_runner
+    from training.bert.torch_runner import torch_item_runner
+    from training.finetuning import output_cache
 
     model, spec, _ = load_finetuned(folder)
     model.eval()

@@ -1,8 +1,8 @@
 """What one save of the resumable training state costs, and so what saving every minute costs a run.
 
-The state `berth finetune` saves (training/trainer.py `_save`): the weights, AdamW's two moments, schedule, scaler
+The state `berth finetune` saves (training/loop/trainer.py `_save`): the weights, AdamW's two moments, schedule, scaler
 and random states. This builds it for the default base's classification head after one optimizer step and writes
-it with training/training_state.save_training_state (atomic: a temporary folder, then a rename) a few times.
+it with training/loop/training_state.save_training_state (atomic: a temporary folder, then a rename) a few times.
 
     python -m bench.save_cost [--repeats 3] [--folder DIR]
 
@@ -28,13 +28,13 @@ DEFAULT_INTERVAL_MINUTES = 1.0  # FinetuneSettings.save_every_minutes
 
 
 def main(argv: list[str] | None = None) -> None:
-    from training.checkpoint import default_base_path, load_pretrained
-    from training.model import BertForSequenceClassification
-    from training.optimizer import build_optimizer
-    from training.random_state import capture_rng_state
-    from training.settings import TrainSettings
-    from training.threads import default_threads
-    from training.training_state import STATE_FILE, save_training_state
+    from training.bert.checkpoint import default_base_path, load_pretrained
+    from training.bert.model import BertForSequenceClassification
+    from training.loop.optimizer import build_optimizer
+    from training.loop.random_state import capture_rng_state
+    from training.loop.settings import TrainSettings
+    from training.loop.threads import default_threads
+    from training.loop.training_state import STATE_FILE, save_training_state
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)

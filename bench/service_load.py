@@ -255,7 +255,7 @@ def source_checkpoint(bundle: Any) -> Path:
     for build-defaults), or `default` for the embedded base; older bundles hold an absolute path."""
     named = bundle.source.get("checkpoint") or ""
     if named == "default":
-        from training.checkpoint import default_base_path
+        from training.bert.checkpoint import default_base_path
 
         return default_base_path()
     return Path(named) if Path(named).is_absolute() else REPO / named

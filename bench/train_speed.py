@@ -7,7 +7,7 @@ parameter names match), then:
 1. **Correctness guard**: in eval mode (no dropout) both give the same loss (MLM + NSP) on the
    same batch, else the run stops: a speed ratio between models that compute different things
    would mean nothing.
-2. **Speed**: a full fp32 training step as `training.trainer` takes it (forward, backward, clip
+2. **Speed**: a full fp32 training step as `training.loop.trainer` takes it (forward, backward, clip
    the gradient norm to 1, its fused AdamW step, zero_grad), the same for both, on real masked-LM
    batches: pairs from the inaugural-address corpus built by our pretraining pipeline
    (`training.pretraining.data`: NSP pairs, 15% of tokens chosen, 80/10/10 masking, padded to
@@ -42,10 +42,10 @@ from torch import Tensor, nn
 
 from bench.machine import machine_facts
 from tasks.runtime.tokenizer import load_tokenizer
-from training.config import BertConfig
-from training.model import BertForPreTraining
-from training.optimizer import build_optimizer
-from training.settings import TrainSettings
+from training.bert.config import BertConfig
+from training.bert.model import BertForPreTraining
+from training.loop.optimizer import build_optimizer
+from training.loop.settings import TrainSettings
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO.parent / "shared" / "data" / "pretraining" / "inaugural"
@@ -61,7 +61,7 @@ CONTESTANTS = {  # name -> transformers attn_implementation (None: our model, SD
 # google-research/bert's max_predictions_per_seq: 20 for 128-token sequences, 80 for 512.
 PREDICTIONS_PER_SEQUENCE = {128: 20, 512: 80}
 LOSS_TOLERANCE = 1e-4  # relative; fp32 sums in a different order differ by ~1e-6
-MAX_GRAD_NORM = 1.0  # training.trainer's default
+MAX_GRAD_NORM = 1.0  # training.loop.trainer's default
 
 
 @dataclass(frozen=True)
@@ -184,7 +184,7 @@ def trainer_optimizer(model: nn.Module) -> torch.optim.Optimizer:
 
 
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, Tensor]) -> None:
-    """One step as training.trainer takes it in fp32: forward, backward, clip to norm 1, AdamW, zero_grad."""
+    """One step as training.loop.trainer takes it in fp32: forward, backward, clip to norm 1, AdamW, zero_grad."""
     model(**batch)["loss"].backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
     optimizer.step()
@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> None:
     shapes = QUICK_SHAPES if args.quick else FULL_SHAPES
     settings = dict(threads=args.threads, warmup=warmup, repetitions=repetitions, seed=args.seed,
                     contestants=names, shapes=[s.label for s in shapes],
-                    optimizer="training.optimizer.build_optimizer: fused AdamW, lr 1e-4, wd 0.01",
+                    optimizer="training.loop.optimizer.build_optimizer: fused AdamW, lr 1e-4, wd 0.01",
                     step="fp32 forward + backward + clip_grad_norm_(1.0) + AdamW step + zero_grad(set_to_none=True)")
     print("settings:", json.dumps(settings))
     machine = machine_facts(args.threads)

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from export.settings import ExportSettings
     from tasks.runtime.bundle import Bundle
-    from training.settings import FinetuneSettings
+    from training.finetuning.settings import FinetuneSettings
 
 __all__ = ["Model", "RequestError", "export", "finetune", "load"]
 
@@ -223,11 +223,11 @@ def _validated(handler: Any, body: Mapping[str, Any]) -> Any:
 
 
 def finetune(settings: FinetuneSettings | None = None, /, **fields: Any) -> dict[str, float]:
-    """Fine-tune a head as `berth finetune` does: `fields` are its settings (training.settings.FinetuneSettings,
+    """Fine-tune a head as `berth finetune` does: `fields` are its settings (FinetuneSettings,
     e.g. `task`, `train_file`, `dev_file`, `out`, `epochs`), or pass a FinetuneSettings. Returns the saved
     model's dev metrics (empty without dev data); the model folder is `out`."""
-    from training.finetune import run_finetune
-    from training.settings import FinetuneSettings
+    from training.finetuning.finetune import run_finetune
+    from training.finetuning.settings import FinetuneSettings
 
     if settings is None:
         settings = FinetuneSettings(**fields)

@@ -11,8 +11,8 @@ Each recipe has a dev-metric floor: a model under it trains on for a second, bou
 if it is still under, its bundle says so (`quality.below_floor`) and the service lists it as
 `below_quality_floor`. `--data-dir DIR` trains on the full research sets instead
 (SST-2, MRPC with the best of three seeds, STS-B, CoNLL-2003, SQuAD v1.1, and SQuAD v2.0 from the
-v1.1 model on a split of the v2.0 dev set, training/squad_v2_split.py). A recipe with seeds is a
-one-cell `berth sweep` (training/sweep.py) in work/<name>-seeds; its record, sweep.json, is copied
+v1.1 model on a split of the v2.0 dev set, training/finetuning/squad_v2_split.py). A recipe with seeds is a
+one-cell `berth sweep` (berth/sweep/run.py) in work/<name>-seeds; its record, sweep.json, is copied
 into work/<name> with the winner's model.
 """
 
@@ -93,7 +93,7 @@ def load_recipes(path: Path) -> list[Recipe]:
     Checked before anything trains: unknown recipe fields and options that are not FinetuneSettings
     fields are refused (ConfigError, one line)."""
     from berth.config_files import ConfigError, read_config
-    from training.settings import FinetuneSettings
+    from training.finetuning.settings import FinetuneSettings
 
     entries = read_config(path).get("recipes")
     if not isinstance(entries, list) or not entries:
@@ -127,7 +127,7 @@ SHARED_RECIPES = load_recipes(RECIPES / "research.yaml")  # --data-dir: the full
 
 
 def _squad_v2_split(root: Path, out: Path) -> None:
-    from training.squad_v2_split import split_squad_v2
+    from training.finetuning.squad_v2_split import split_squad_v2
 
     split_squad_v2(root / "squad/v2.0/dev-v2.0.derived.json", out, train_articles=18,
                    unanswerable_from=root / "squad/v1.1/train-v1.1-subset-44articles.json", unanswerable=1000)
@@ -219,7 +219,7 @@ def build_embeddings_bundle(out: Path, force: bool = False, threads: int | None 
     `embeddings` bundle: export only, no training. fp32, so it answers as sentence-transformers does."""
     from export.bundle_builder import export_bundle
     from export.settings import ExportSettings
-    from training.checkpoint import default_base_path
+    from training.bert.checkpoint import default_base_path
 
     bundle = out / EMBEDDINGS_BUNDLE
     if (bundle / "bundle.json").is_file() and not force:
@@ -333,7 +333,7 @@ def _cpu_seconds() -> float:
 def _train_to_floor(recipe: Recipe, data_root: Path, work: Path, threads: int | None,
                     tag: str) -> tuple[Path, dict[str, float], dict]:
     """Fine-tune; under the floor, train on from that model for the recipe's second round (once)."""
-    from training.finetune import FinetuneSettings, run_finetune
+    from training.finetuning.finetune import FinetuneSettings, run_finetune
 
     root = _data_folder(recipe, data_root, work)
     if recipe.prepare:
@@ -428,7 +428,7 @@ def _data_folder(recipe: Recipe, data_root: Path, work: Path) -> Path:
 
 
 def _best_of_seeds(recipe: Recipe, settings, tag: str) -> tuple[dict[str, float], int]:
-    """The paper's restarts as a one-cell sweep (training.sweep.best_of_seeds) in work/<name>-seeds: one trial
+    """The paper's restarts as a one-cell sweep (berth.sweep.run.best_of_seeds) in work/<name>-seeds: one trial
     per seed (trials/c00-seed<N>), the best on the dev `select` metric kept (the first seed of a tie). Its model
     is copied to `settings.out` (work/<name>, the folder later recipes and the export read) with the sweep's
     record, sweep.json. Returns its dev metrics and seed.
@@ -437,7 +437,7 @@ def _best_of_seeds(recipe: Recipe, settings, tag: str) -> tuple[dict[str, float]
     (finished, or another recipe's settings) is replaced, so a rebuild trains again."""
     import shutil
 
-    from training.sweep import BEST_DIR, RECORD_FILE, best_of_seeds
+    from berth.sweep.run import BEST_DIR, RECORD_FILE, best_of_seeds
 
     folder = settings.out.with_name(f"{recipe.name}-seeds")
     if not _unfinished_sweep(folder, settings, recipe):
@@ -462,14 +462,12 @@ def _best_of_seeds(recipe: Recipe, settings, tag: str) -> tuple[dict[str, float]
 
 def _unfinished_sweep(folder: Path, settings, recipe: Recipe) -> bool:
     """Whether `folder` holds this recipe's sweep with trials still to run."""
-    from training.sweep import PLAN_FILE, RECORD_FILE, SweepPlan
+    from berth.sweep.run import PLAN_FILE, RECORD_FILE, seeds_plan
 
     plan_file, record_file = folder / PLAN_FILE, folder / RECORD_FILE
     if not plan_file.is_file():
         return False
-    base = settings.model_dump(mode="json", exclude={"seed"})
-    base["out"] = str(folder)
-    plan = SweepPlan(base=base, grid={}, cells=[{}], seeds=list(recipe.seeds), metric=recipe.select)
+    plan = seeds_plan(settings, list(recipe.seeds), folder, metric=recipe.select)
     try:
         stored = json.loads(plan_file.read_text(encoding="utf-8"))
         finished = record_file.is_file() and json.loads(record_file.read_text(encoding="utf-8"))["counts"][

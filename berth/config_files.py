@@ -22,6 +22,7 @@ Use in a command:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -30,7 +31,7 @@ from typing import Any, NoReturn, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from berth.flags import given_settings
+from berth.flags import SHORT_NAMES, given_settings
 
 CONFIG_FILE = "config.yaml"  # the effective settings of a run, in its output folder
 Settings = TypeVar("Settings", bound=BaseModel)
@@ -79,11 +80,21 @@ def settings_from_args(args: argparse.Namespace, model: type[Settings], command:
 
 
 def merged_settings(model: type[Settings], config: Path | None, flags: Mapping[str, Any],
-                    base: Mapping[str, Any] | None = None) -> Settings:
-    """defaults < base < config file < flags, validated; ConfigError with one line on any problem."""
+                    base: Mapping[str, Any] | None = None, sections: dict[str, Any] | None = None,
+                    env_prefix: str | None = None) -> Settings:
+    """defaults < base < config file < flags, validated; ConfigError with one line on any problem. The keys of
+    `sections` are parts of the file that are not settings (a sweep's `grid:`): their values are moved there.
+    With `env_prefix` (the service's BERTH_), its variables rank between the file and the flags (the model's
+    `from_env` reads them)."""
     from_file = read_config(config) if config else {}
+    for key in sections or {}:
+        if key in from_file:
+            sections[key] = from_file.pop(key)
+    if env_prefix is not None:
+        from_file = {k: v for k, v in from_file.items() if env_prefix + str(k).upper() not in os.environ}
+    values = {**(base or {}), **from_file, **flags}
     try:
-        return model(**{**(base or {}), **from_file, **flags})
+        return model.from_env(**values) if env_prefix is not None else model(**values)
     except ValidationError as error:
         raise ConfigError(describe_errors(error, from_file, config, model.model_fields)) from None
 
@@ -93,13 +104,9 @@ def did_you_mean(name: str, fields: list[str]) -> str | None:
     learning_rate), else the closest spelling among `fields`."""
     import difflib
 
-    try:
-        from training.sweep_grid import ALIASES
-    except ImportError:  # a serving install
-        ALIASES = {}
     key = name.replace("-", "_").lstrip("_")
-    if ALIASES.get(key) in fields:
-        return ALIASES[key]
+    if SHORT_NAMES.get(key) in fields:
+        return SHORT_NAMES[key]
     close = difflib.get_close_matches(key, fields, n=1, cutoff=0.75)
     return close[0] if close else None
 

@@ -20,6 +20,13 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
+# The training loop's short flags, the same in `berth finetune`, `berth sweep` and `berth pretrain`.
+LOOP_FLAG_NAMES = {"learning_rate": "--lr", "grad_accum_steps": "--grad-accum", "num_threads": "--threads"}
+# Short names a config file or a sweep grid may use for a setting: the loop's flags without their dashes
+# (lr, grad_accum, threads), and a grid's shorthands.
+SHORT_NAMES = {flag.removeprefix("--").replace("-", "_"): name for name, flag in LOOP_FLAG_NAMES.items()} | {
+    "batch": "batch_size", "bs": "batch_size", "max_length": "max_seq_length"}
+
 
 def add_settings_flags(
     parser: argparse.ArgumentParser,

@@ -22,14 +22,33 @@ from export.settings import ExportSettings
 from tasks.bundle_checks import check_examples, load_bundle
 from tasks.model_card import CARD_FILE, bundle_card, checkpoint_reference, portable_paths
 from tasks.registry import definition, head_class
-from tasks.runtime.bundle import FORMAT_VERSION, MODEL_FILE, PRECISION_PROVIDERS, TOKENIZER_FILE, Bundle, file_sha256
+from tasks.runtime.bundle import (
+    FORMAT_VERSION,
+    MODEL_FILE,
+    PRECISION_PROVIDERS,
+    TOKENIZER_FILE,
+    Bundle,
+    BundleError,
+    file_sha256,
+)
 from tasks.runtime.onnx_session import CPU, CUDA, create_session, onnx_item_runner, onnx_runner
 from tasks.runtime.progress import Progress, counted
 from tasks.runtime.tokenizer import load_tokenizer
-from training.evaluate import recorded_columns
-from training.saving import disk_errors, ensure_free_space, replace_directory, tensor_bytes
+from training.finetuning.evaluate import recorded_columns
+from training.loop.saving import disk_errors, ensure_free_space, replace_directory, tensor_bytes
 
 log = logging.getLogger(__name__)
+
+# What stops an export: a gate's refusal (`berth export` exits 1), or a folder or graph it cannot export (2).
+EXPORT_REFUSALS = (invariance.InvarianceError, parity.ParityError)
+EXPORT_FAILURES = (onnx_export.ExportError, FileNotFoundError, BundleError)
+# The ORT transformer optimizer logs every fusion at INFO; its summary is in the manifest instead.
+NOISY_LOGGERS = ("fusion_base", "onnx_model", "onnx_model_bert", "fusion_utils")
+
+
+def quiet_optimizer_logs() -> None:
+    for name in NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 Optimize = Literal["auto", "always", "never"]
 
@@ -65,7 +84,7 @@ def export_bundle(settings: ExportSettings, example_inputs: list[Any] | None = N
     """
     import torch
 
-    from training.torch_runner import torch_runner
+    from training.bert.torch_runner import torch_runner
 
     checkpoint, out, precision, threads = settings.model_folder, settings.out, settings.precision, settings.threads
     prefer_gpu, opset = settings.device != "cpu", onnx_export.OPSET
@@ -188,11 +207,11 @@ def _with_metric_gate(report: dict[str, Any], spec, tokenizer, dev_file: Path | 
                       metric_examples: int | None, checkpoint: Path,
                       columns: dict[str, str] | None = None) -> dict[str, Any]:
     """Add the task-metric gate to an fp16/int8 agreement report; raise `ParityError` if either failed. The
-    PyTorch reference is read from the checkpoint's own dev evaluation (training/output_cache.py) where it holds
-    these weights' outputs on these inputs, and computed otherwise."""
+    PyTorch reference is read from the checkpoint's own dev evaluation (training/finetuning/output_cache.py)
+    where it holds these weights' outputs on these inputs, and computed otherwise."""
     if dev_file is not None:
-        from training import output_cache
-        from training.torch_runner import torch_item_runner
+        from training.bert.torch_runner import torch_item_runner
+        from training.finetuning import output_cache
 
         reference = output_cache.Reusing(torch_item_runner(model, "metric gate: PyTorch"), model,
                                          checkpoint / output_cache.CACHE_FILE)

@@ -1,6 +1,6 @@
 """Model inputs from a task's data file: calibration batches for static int8, dev inputs for the gate.
 
-The examples are read and encoded by the task's training adapter (training/task_data.py: the same
+The examples are read and encoded by the task's training adapter (training/finetuning/task_data.py: the same
 readers and encoders as `berth finetune`), so a classification model is calibrated on sentences of
 its own training set, a QA model on doc-stride windows of its own questions and contexts.
 """
@@ -24,8 +24,8 @@ BATCH_SIZE = 8
 def adapter(spec: TaskSpec, tokenizer: Tokenizer, path: Path, columns: dict[str, str] | None = None) -> Any:
     """The training adapter of `spec`'s task, set to the spec's sequence settings and a table file's `columns`
     (text_column, text_pair_column, label_column; default text, text_pair, label)."""
-    from training import task_data
-    from training.finetune import FinetuneSettings
+    from training.finetuning import task_data
+    from training.finetuning.finetune import FinetuneSettings
 
     settings = FinetuneSettings(task=spec.task, train_file=path, out=Path("."),
                                 regression=spec.problem_type == "regression", labels=spec.labels or None,

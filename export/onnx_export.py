@@ -19,8 +19,8 @@ from torch import nn
 from tasks.registry import definition, head_class
 from tasks.runtime.batching import MODEL_INPUT_NAMES
 from tasks.runtime.spec import TASK_FILE, TaskSpec
-from training.checkpoint import LoadReport, load_pretrained
-from training.model import MODEL_CLASSES, BertPreTrainedModel
+from training.bert.checkpoint import LoadReport, load_pretrained
+from training.bert.model import MODEL_CLASSES, BertPreTrainedModel
 
 OPSET = 17
 

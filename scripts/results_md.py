@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from berth.sweep.report import with_block
 
 REPO = Path(__file__).resolve().parents[1]
 RECORDS = REPO / "bench" / "results" / "finetune"
@@ -194,8 +195,8 @@ def recipe(record: dict) -> str:
               if s.get("max_minutes") else "")
     chosen = record.get("pooling") or s.get("pooling")
     if chosen == "auto":  # records made before the choice was recorded
-        from training.checkpoint import default_base_path
-        from training.finetune import default_pooling
+        from training.bert.checkpoint import default_base_path
+        from training.finetuning.finetune import default_pooling
 
         base = default_base_path() if s.get("base") == "default" else Path(record["base"])  # venvs move
         chosen = default_pooling(base) if base.is_dir() else chosen
@@ -316,10 +317,7 @@ BLOCKS = {"targets": targets_table, "runs": runs_table, "speed": speed_table, "p
 
 def render(text: str, records: list[dict]) -> str:
     for name, make in BLOCKS.items():
-        pattern = re.compile(rf"(<!-- generated:{name} -->\n).*?(<!-- /generated:{name} -->)", re.S)
-        if not pattern.search(text):
-            raise SystemExit(f"{RESULTS}: no <!-- generated:{name} --> block")
-        text = pattern.sub(lambda m, make=make: m.group(1) + make(records) + "\n" + m.group(2), text)
+        text = with_block(text, name, make(records) + "\n", RESULTS)
     return text
 
 

@@ -1,5 +1,5 @@
 """Split the SQuAD v2.0 dev set by article into a training part and an evaluation part, and optionally
-add unanswerable training questions made from SQuAD v1.1 questions (training/squad_v2_split.py says how).
+add unanswerable training questions made from SQuAD v1.1 questions (training/finetuning/squad_v2_split.py says how).
 `berth build-defaults --data-dir ../shared/data` makes the same split for its `squad20` recipe.
 
     python scripts/split_squad_v2.py ../shared/data/squad/v2.0/dev-v2.0.derived.json runs/data --train-articles 18 \
@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from training.squad_v2_split import split_squad_v2  # noqa: E402
+from training.finetuning.squad_v2_split import split_squad_v2  # noqa: E402
 
 
 def main() -> None:

@@ -44,8 +44,12 @@ def test_the_runtime_floor_contract_names_every_module_above_it():
 
 
 @pytest.mark.parametrize("module, planted, contract", [
-    ("training/pretraining/corpus.py", "import training.finetune", "pretraining-room"),
-    ("training/trainer.py", "import training.pretraining.run", "loop-knows-no-job"),
+    ("training/pretraining/corpus.py", "import training.finetuning.finetune", "pretraining-room"),
+    ("training/pretraining/corpus.py", "import berth.sweep.run", "pretraining-room"),
+    ("training/finetuning/task_data.py", "import training.pretraining.run", "finetuning-room"),
+    ("training/finetuning/finetune.py", "import berth.sweep.grid", "finetuning-room"),
+    ("training/loop/trainer.py", "import training.pretraining.run", "loop-knows-no-job"),
+    ("training/bert/model.py", "import training.finetuning.task_data", "loop-knows-no-job"),
 ])
 def test_a_planted_import_breaks_its_contract(tmp_path, module, planted, contract):
     """Each room's contract fails on an import it forbids, planted in a copy of the tree."""

@@ -10,17 +10,14 @@ from berth.build_defaults import BuildDefaultsSettings
 from berth.config_files import ConfigError, add_config_flag, fail, settings_from_args
 from berth.flags import add_settings_flags
 
-# The ORT transformer optimizer logs every fusion at INFO.
-NOISY_LOGGERS = ("fusion_base", "onnx_model", "onnx_model_bert", "fusion_utils")
-
 
 def run(args: argparse.Namespace) -> int:
     from berth.build_defaults import EMBEDDINGS_BUNDLE, build_defaults, build_embeddings_bundle, load_recipes
+    from export.bundle_builder import quiet_optimizer_logs
 
     # INFO: what each model does (data, schedule, dev metrics) goes to stderr with the progress lines.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for name in NOISY_LOGGERS:
-        logging.getLogger(name).setLevel(logging.WARNING)
+    quiet_optimizer_logs()
     s = settings_from_args(args, BuildDefaultsSettings, "build-defaults")
     if s.recipes:
         try:

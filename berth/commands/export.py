@@ -12,9 +12,6 @@ from berth.flags import add_settings_flags
 from export.precision import RECIPES
 from export.settings import ExportSettings
 
-# The ORT transformer optimizer logs every fusion at INFO; its summary is in the manifest instead.
-NOISY_LOGGERS = ("fusion_base", "onnx_model", "onnx_model_bert", "fusion_utils")
-
 
 def check_device(settings: ExportSettings) -> None:
     """Refuse the device and precision pairings that cannot work, with the reason (export_bundle prefers CUDA unless
@@ -37,19 +34,17 @@ def check_device(settings: ExportSettings) -> None:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for name in NOISY_LOGGERS:
-        logging.getLogger(name).setLevel(logging.WARNING)
     settings = settings_from_args(args, ExportSettings, "export")
     print(f"berth export settings: {settings.model_dump_json()}", file=sys.stderr)
     check_device(settings)
     if (settings.out / "bundle.json").exists() and not settings.force:
         raise SystemExit(f"berth export: {settings.out} already holds a bundle; use --force to replace it")
 
-    from export.bundle_builder import export_bundle
+    from export.bundle_builder import EXPORT_FAILURES, export_bundle, quiet_optimizer_logs
     from export.invariance import InvarianceError
-    from export.onnx_export import ExportError
     from export.parity import ParityError
-    from tasks.runtime.bundle import BundleError
+
+    quiet_optimizer_logs()
 
     examples = None
     if settings.examples:
@@ -67,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     except ParityError as error:
         print(f"berth export: refused, the ONNX model does not match PyTorch:\n{error}", file=sys.stderr)
         return 1
-    except (ExportError, FileNotFoundError, BundleError) as error:
+    except EXPORT_FAILURES as error:
         print(f"berth export: {error}", file=sys.stderr)
         return 2
     summary = {

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 from berth.config_files import add_config_flag, fail, settings_from_args, write_config
-from berth.flags import add_settings_flags
-from training.settings import FinetuneSettings
+from berth.flags import LOOP_FLAG_NAMES, add_settings_flags
+from training.finetuning.settings import FinetuneSettings
 
 EXAMPLES = """examples:
   # $DATA: your data folder, laid out as docs/data.md says (where each public set comes from, its license)
@@ -50,9 +50,8 @@ and the best weights so far (run the same command again to resume after a kill);
 """
 
 FLAG_NAMES = {  # the flags' short names; every other setting is --its-name
-    "train_file": "--train", "dev_file": "--dev", "data_format": "--format", "version_2_with_negative": "--squad-v2",
-    "learning_rate": "--lr", "grad_accum_steps": "--grad-accum", "fit_schedule_to_budget": "--cut-at-budget",
-    "num_threads": "--threads",
+    **LOOP_FLAG_NAMES, "train_file": "--train", "dev_file": "--dev", "data_format": "--format",
+    "version_2_with_negative": "--squad-v2", "fit_schedule_to_budget": "--cut-at-budget",
 }
 GROUPS = {
     "data": ["task", "train_file", "dev_file", "out", "data_format", "text_column", "text_pair_column",
@@ -72,8 +71,8 @@ OPTIONS = {
 
 
 def run_finetune_command(args: argparse.Namespace) -> int:
-    from training.finetune import FinetuneInputError, run_finetune
-    from training.output_lock import output_lock
+    from training.finetuning.finetune import FinetuneInputError, run_finetune
+    from training.loop.output_lock import output_lock
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = settings_from_args(args, FinetuneSettings, "finetune")
@@ -91,8 +90,8 @@ def run_finetune_command(args: argparse.Namespace) -> int:
 
 
 def run_evaluate_command(args: argparse.Namespace) -> int:
-    from training.evaluate import evaluate_report, write_report
-    from training.evaluate_table import render_report
+    from training.finetuning.evaluate import evaluate_report, write_report
+    from training.finetuning.evaluate_table import render_report
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     columns = {name: getattr(args, name) for name in ("text_column", "text_pair_column", "label_column", "id_column")

@@ -36,8 +36,8 @@ def find_metrics_file(path: Path) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from training.plot import plot_metrics
-    from training.sweep_plot import find_sweep, plot_sweep
+    from berth.sweep.plot import find_sweep, plot_sweep
+    from training.loop.plot import plot_metrics
 
     sweep = find_sweep(args.metrics)
     if sweep is not None:  # a `berth sweep` folder: dev metric per cell, the winner's curves

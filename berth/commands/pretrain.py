@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 from berth.config_files import add_config_flag, fail, settings_from_args, write_config
-from berth.flags import add_settings_flags
-from training.config import PRESETS
+from berth.flags import LOOP_FLAG_NAMES, add_settings_flags
+from training.bert.config import PRESETS
 from training.pretraining.settings import PretrainSettings
 
 EXAMPLES = """examples:
@@ -49,9 +49,8 @@ their manifest) and checkpoints/ (the resumable training states; run the same co
 """
 
 FLAG_NAMES = {  # the flags' short names; every other setting is --its-name
-    "corpus_format": "--format", "lowercase": "--cased", "num_layers": "--layers", "hidden_size": "--hidden",
-    "num_heads": "--heads", "intermediate_size": "--intermediate", "learning_rate": "--lr",
-    "grad_accum_steps": "--grad-accum", "num_threads": "--threads", "nsp": "--no-nsp",
+    **LOOP_FLAG_NAMES, "corpus_format": "--format", "lowercase": "--cased", "num_layers": "--layers",
+    "hidden_size": "--hidden", "num_heads": "--heads", "intermediate_size": "--intermediate", "nsp": "--no-nsp",
 }
 GROUPS = {
     "corpus": ["corpus", "out", "corpus_format", "max_document_chars", "heldout_fraction", "encoding", "bad_lines"],
@@ -151,7 +150,7 @@ def run_command(args: argparse.Namespace) -> int:
     from training.pretraining.run import run_pretrain
 
     logging.getLogger("berth.pretrain").info("settings: %s", settings.model_dump_json())
-    from training.output_lock import output_lock
+    from training.loop.output_lock import output_lock
 
     main_rank = os.environ.get("RANK", "0") == "0"  # one writer under torchrun
     with output_lock(settings.out, "berth pretrain") if main_rank else contextlib.nullcontext():

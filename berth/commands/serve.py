@@ -8,12 +8,9 @@ The API key is read from BERTH_API_KEY only, so it never shows in a process list
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
-from pydantic import ValidationError
-
-from berth.config_files import ConfigError, add_config_flag, describe_errors, read_config
+from berth.config_files import ConfigError, add_config_flag, merged_settings
 from berth.flags import add_settings_flags, given_settings
 from service.settings import ENV_PREFIX, ServiceSettings
 
@@ -50,13 +47,8 @@ NOT_FLAGS = ["api_key"]  # read from BERTH_API_KEY only, so it never shows in a 
 
 def settings_from_args(args: argparse.Namespace) -> ServiceSettings:
     """Defaults, then the --config file, then BERTH_* variables, then the flags given."""
-    config = getattr(args, "config", None)
-    from_file = read_config(config) if config else {}
-    from_file = {k: v for k, v in from_file.items() if ENV_PREFIX + str(k).upper() not in os.environ}
-    try:
-        return ServiceSettings.from_env(**{**from_file, **given_settings(args, ServiceSettings)})
-    except ValidationError as error:
-        raise ConfigError(describe_errors(error, from_file, config, ServiceSettings.model_fields)) from None
+    return merged_settings(ServiceSettings, getattr(args, "config", None), given_settings(args, ServiceSettings),
+                           env_prefix=ENV_PREFIX)
 
 
 def run(args: argparse.Namespace) -> int:

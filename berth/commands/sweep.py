@@ -11,7 +11,7 @@ from typing import Any
 
 from berth.commands.finetune import FLAG_NAMES, GROUPS, OPTIONS
 from berth.flags import add_settings_flags, given_settings
-from training.settings import FinetuneSettings
+from training.finetuning.settings import FinetuneSettings
 
 DEFAULT_MAX_TRIALS = 48
 
@@ -109,23 +109,17 @@ def add_parser(subparsers) -> None:
 def build_plan(args: argparse.Namespace):
     """The sweep plan from the flags (and the config file), every cell validated; UsageError if anything is
     wrong, before any training."""
-    from pydantic import ValidationError
+    from berth.config_files import ConfigError, merged_settings
+    from berth.sweep.grid import GridError, expand, normalize_grid, parse_grid, size
+    from berth.sweep.run import SweepPlan, check_budget
 
-    from berth.config_files import ConfigError, describe_errors, read_config
-    from training.sweep import SweepPlan, check_budget
-    from training.sweep_grid import GridError, expand, normalize_grid, parse_grid, size
-
+    sections = {"grid": None, "restarts": None}  # a config file's sweep keys, beside the settings
     try:
-        config = read_config(args.config) if args.config else {}
+        settings = merged_settings(FinetuneSettings, args.config, given_settings(args, FinetuneSettings),
+                                   sections=sections)
     except ConfigError as error:
         raise UsageError(str(error)) from None
-    config_grid = config.pop("grid", None)
-    config_restarts = config.pop("restarts", None)
-    base = {**config, **given_settings(args, FinetuneSettings)}
-    try:
-        settings = FinetuneSettings(**base)
-    except ValidationError as error:
-        raise UsageError(describe_errors(error, config, args.config, FinetuneSettings.model_fields)) from None
+    config_grid, config_restarts = sections["grid"], sections["restarts"]
     if settings.dev_file is None:
         raise UsageError("a sweep selects on dev: give --dev")
     for name in ("train_file", "dev_file"):
@@ -139,7 +133,7 @@ def build_plan(args: argparse.Namespace):
             grid = normalize_grid(config_grid)
         else:
             grid = {}
-        cells = expand(base, grid) if grid else [{}]
+        cells = expand(settings, grid) if grid else [{}]
     except GridError as error:
         raise UsageError(str(error)) from None
     restarts = args.restarts if args.restarts is not None else (config_restarts or 1)
@@ -151,8 +145,9 @@ def build_plan(args: argparse.Namespace):
                          f"{args.max_trials}; pass --yes to run them")
     if args.max_trials < 1:
         raise UsageError("--max-trials must be at least 1")
-    base = json.loads(json.dumps(base, default=str))  # paths as text: the plan is a record
-    plan = SweepPlan(base=base, grid=grid, cells=cells, seeds=[settings.seed + r for r in range(restarts)],
+    if args.ray is not None and not settings.num_threads:
+        settings = settings.model_copy(update={"num_threads": 1})  # a trial's CPUs on the cluster (runtime only)
+    plan = SweepPlan(settings=settings, grid=grid, cells=cells, seeds=[settings.seed + r for r in range(restarts)],
                      metric=args.metric, sweep_minutes=args.sweep_minutes, keep_trials=args.keep_trials,
                      command=["berth", *sys.argv[1:]] if Path(sys.argv[0]).name in ("berth", "cli.py") else [])
     try:
@@ -163,13 +158,11 @@ def build_plan(args: argparse.Namespace):
         raise UsageError("--ray-asha schedules the trials of --ray: give --ray too")
     if args.ray_asha and not settings.eval_every_steps:
         raise UsageError("--ray-asha stops trials on the dev evaluations made while training: give --eval-every-steps")
-    if args.ray is not None and not plan.base.get("num_threads"):
-        plan.base["num_threads"] = 1  # a trial's CPUs on the cluster (a runtime setting: not the sweep's identity)
     return plan
 
 
 def run_sweep_command(args: argparse.Namespace) -> int:
-    from training.sweep import SweepError, export_winner, open_sweep, run_sweep
+    from berth.sweep.run import SweepError, export_winner, open_sweep, run_sweep
 
     try:
         plan = build_plan(args)
@@ -182,7 +175,7 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     print(f"berth sweep: {len(plan.cells)} cells x {len(plan.seeds)} restarts into {plan.out}", file=sys.stderr)
     try:
         if args.ray is not None:
-            from training.sweep_ray import RayUnavailable, run_sweep_on_ray
+            from berth.sweep.on_ray import RayUnavailable, run_sweep_on_ray
 
             try:
                 record = run_sweep_on_ray(plan, args.ray, asha=args.ray_asha)

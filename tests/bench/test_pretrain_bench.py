@@ -8,7 +8,7 @@ from pathlib import Path
 
 from bench.dapt_wnut import summary, write_tweets
 from bench.pretrain_memory import measured
-from training.sweep_report import replace_block
+from berth.sweep.report import replace_block
 
 MB = 1 << 20
 

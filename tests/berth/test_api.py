@@ -31,8 +31,8 @@ def test_finetune_export_load_against_transformers(tmp_path):
     from transformers import pipeline
 
     import berth
-    from training.checkpoint import default_base_path, save_pretrained
-    from training.model import BertConfig, BertModel
+    from training.bert.checkpoint import default_base_path, save_pretrained
+    from training.bert.model import BertConfig, BertModel
 
     samples = REPO / "data" / "samples" / "topics"
     torch.manual_seed(0)

@@ -8,7 +8,7 @@ import pytest
 from berth.build_defaults import SAMPLE_RECIPES, default_examples, training_sizing
 from berth.cli import main
 from tasks.bundle_checks import load_bundle
-from training.trainer import steps_within_budget
+from training.loop.trainer import steps_within_budget
 
 
 @pytest.mark.slow

@@ -13,8 +13,11 @@ from berth.cli import build_parser, main
 from berth.flags import add_settings_flags, given_settings
 from export.settings import ExportSettings
 from service.settings import ServiceSettings
+from training.finetuning.settings import FinetuneSettings
+
+# Written out here, not read from berth.cli: what `berth --help` must offer.
+from training.loop.settings import TrainLoopSettings, TrainSettings
 from training.pretraining.settings import PretrainSettings
-from training.settings import FinetuneSettings, TrainLoopSettings, TrainSettings
 
 # Written out here, not read from berth.cli: what `berth --help` must offer.
 SUBCOMMANDS = ["tokenizer", "pretrain", "finetune", "evaluate", "sweep", "plot", "export", "sign-bundle",

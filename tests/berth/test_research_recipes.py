@@ -8,7 +8,7 @@ import pytest
 
 from berth import build_defaults
 from berth.build_defaults import SHARED_RECIPES, Recipe
-from training.squad_v2_split import split_squad_v2
+from training.finetuning.squad_v2_split import split_squad_v2
 
 
 def _questions(articles):

@@ -87,7 +87,7 @@ def test_the_written_config_runs_the_run_again_with_the_same_dev_metric(run, cap
 def test_flags_override_the_config_file(tmp_path):
     from berth.cli import build_parser
     from berth.config_files import settings_from_args
-    from training.settings import FinetuneSettings
+    from training.finetuning.settings import FinetuneSettings
 
     (tmp_path / "recipe.yaml").write_text("task: ner\ntrain_file: t.txt\nout: o\nlearning_rate: 3.0e-5\nepochs: 2\n")
     args = build_parser().parse_args(["finetune", "--config", str(tmp_path / "recipe.yaml"), "--lr", "1e-3"])

@@ -95,8 +95,8 @@ def deploy_repository(tmp_path_factory) -> Path:
     from export.bundle_builder import export_bundle
     from export.settings import ExportSettings
     from tasks.runtime.spec import TaskSpec
-    from training.checkpoint import default_base_path, load_pretrained, save_pretrained
-    from training.model import BertForSequenceClassification
+    from training.bert.checkpoint import default_base_path, load_pretrained, save_pretrained
+    from training.bert.model import BertForSequenceClassification
 
     torch.set_num_threads(2)
     torch.manual_seed(0)

@@ -27,9 +27,9 @@ from tasks.registry import head_class  # noqa: E402
 from tasks.runtime.bundle import BundleError, file_sha256  # noqa: E402
 from tasks.runtime.onnx_session import create_session, onnx_runner  # noqa: E402
 from tasks.runtime.spec import TaskSpec  # noqa: E402
-from training.checkpoint import load_pretrained, save_pretrained  # noqa: E402
-from training.model import MODEL_CLASSES  # noqa: E402
-from training.torch_runner import torch_runner  # noqa: E402
+from training.bert.checkpoint import load_pretrained, save_pretrained  # noqa: E402
+from training.bert.model import MODEL_CLASSES  # noqa: E402
+from training.bert.torch_runner import torch_runner  # noqa: E402
 
 CONLL_LABELS = ["O", "B-LOC", "I-LOC", "B-MISC", "I-MISC", "B-ORG", "I-ORG", "B-PER", "I-PER"]
 SPECS = {

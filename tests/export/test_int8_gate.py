@@ -22,9 +22,9 @@ from tasks import readers  # noqa: E402
 from tasks.common import encode_classification  # noqa: E402
 from tasks.runtime.onnx_session import create_session, onnx_item_runner  # noqa: E402
 from tasks.runtime.spec import TaskSpec  # noqa: E402
-from training.checkpoint import load_pretrained, save_pretrained  # noqa: E402
-from training.model import BertForSequenceClassification  # noqa: E402
-from training.torch_runner import torch_item_runner, torch_runner  # noqa: E402
+from training.bert.checkpoint import load_pretrained, save_pretrained  # noqa: E402
+from training.bert.model import BertForSequenceClassification  # noqa: E402
+from training.bert.torch_runner import torch_item_runner, torch_runner  # noqa: E402
 
 SST2 = (parity.default_data_dir() or Path("/nonexistent")) / "sst2"
 pytestmark = pytest.mark.skipif(not (SST2 / "dev.tsv").is_file(), reason="needs ../shared/data/sst2")

@@ -21,9 +21,9 @@ from export.bundle_builder import export_bundle  # noqa: E402
 from export.settings import ExportSettings  # noqa: E402
 from tasks.runtime.spec import TaskSpec  # noqa: E402
 from tests.service.conftest import ServerProcess  # noqa: E402
-from training.checkpoint import load_pretrained, save_pretrained  # noqa: E402
-from training.finetune import default_pooling  # noqa: E402
-from training.model import BertForSequenceClassification  # noqa: E402
+from training.bert.checkpoint import load_pretrained, save_pretrained  # noqa: E402
+from training.bert.model import BertForSequenceClassification  # noqa: E402
+from training.finetuning.finetune import default_pooling  # noqa: E402
 
 LABELS = ["negative", "neutral", "positive"]
 TEXTS = ["A gripping, beautifully acted film.", "It's slow -- very, very slow.",

@@ -128,7 +128,7 @@ def bundle_repository(tmp_path_factory) -> Path:
     from export.bundle_builder import export_bundle
     from export.settings import ExportSettings
     from tests.service.models_for_tests import BUNDLE_NAMES, EXPORT_TASKS, build_checkpoints
-    from training.checkpoint import default_base_path
+    from training.bert.checkpoint import default_base_path
 
     torch.set_num_threads(2)
     reuse = os.environ.get("BERTH_TEST_REPOSITORY")  # while iterating: build once into this folder, reuse after

@@ -21,8 +21,8 @@ from bench.filler_text import filler
 from tasks import qa, rerank
 from tasks.runtime.spec import TaskSpec
 from tasks.runtime.tokenizer import CLS, SEP, encode, load_tokenizer
-from training.checkpoint import default_base_path, load_pretrained, save_pretrained
-from training.model import (
+from training.bert.checkpoint import default_base_path, load_pretrained, save_pretrained
+from training.bert.model import (
     BertForMaskedLM,
     BertForMultipleChoice,
     BertForQuestionAnswering,

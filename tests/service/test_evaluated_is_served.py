@@ -20,7 +20,7 @@ from tasks.ner import ner_windows
 from tests.service import reference
 from tests.service.conftest import API_KEY
 from tests.tasks.test_ner import pipeline_spans_trimmed
-from training.evaluate import evaluate_model
+from training.finetuning.evaluate import evaluate_model
 
 NER_SENTENCES = 40
 QA_QUESTIONS = 24

@@ -1,4 +1,4 @@
-"""One inference path: `training.torch_runner` (PyTorch) and the service's batcher (ONNX Runtime behind its
+"""One inference path: `training.bert.torch_runner` (PyTorch) and the service's batcher (ONNX Runtime behind its
 queue) give each item the same rows, on the real fine-tuned test models (NER windows, QA windows)."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from service.models import OnnxEngine, load_bundle_tokenizer
 from tasks import ner, qa
 from tasks.bundle_checks import load_bundle
 from tests.service.models_for_tests import filler
-from training.checkpoint import load_pretrained
-from training.model import BertForQuestionAnswering, BertForTokenClassification
-from training.torch_runner import predict, torch_runner
+from training.bert.checkpoint import load_pretrained
+from training.bert.model import BertForQuestionAnswering, BertForTokenClassification
+from training.bert.torch_runner import predict, torch_runner
 
 CASES = {"entities": (BertForTokenClassification, ("logits",)),
          "reader": (BertForQuestionAnswering, ("start_logits", "end_logits"))}

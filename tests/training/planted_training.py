@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 
 from tests.training.tiny_training import LabelledTokens, collate_labelled, state_hash, tiny_classifier
-from training.callbacks import BestCheckpoint, EarlyStopping, TrainerCallback
-from training.settings import TrainSettings
-from training.trainer import train
+from training.loop.callbacks import BestCheckpoint, EarlyStopping, TrainerCallback
+from training.loop.settings import TrainSettings
+from training.loop.trainer import train
 
 # Evaluated every 2 steps, saved every 4; patience 3: the best is step 6 (0.70, after the state of step 4),
 # then 8, 10 and 12 do not beat it, so the run stops at 12, before the 0.90 of step 14.

@@ -23,10 +23,10 @@ import torch
 
 from tasks.runtime.spec import TaskSpec
 from tests.training.tiny_training import tiny_classifier
-from training.checkpoint import save_pretrained
+from training.bert.checkpoint import save_pretrained
 from training.errors import UserFacingError
-from training.finetune import model_staging, staged_model
-from training.training_state import CHECKPOINTS_DIR, save_training_state
+from training.finetuning.finetune import model_staging, staged_model
+from training.loop.training_state import CHECKPOINTS_DIR, save_training_state
 
 STATE_FLOATS = 2**20  # 4 MB: a training state takes a while to write, so kills land inside writes too
 

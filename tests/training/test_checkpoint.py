@@ -7,8 +7,8 @@ import torch
 
 from tasks.runtime.batching import pad_batch
 from tasks.runtime.tokenizer import encode
-from training import model as berth_models
-from training.checkpoint import CheckpointError, load_pretrained, save_pretrained
+from training.bert import model as berth_models
+from training.bert.checkpoint import CheckpointError, load_pretrained, save_pretrained
 
 transformers = pytest.importorskip("transformers")
 

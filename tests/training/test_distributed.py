@@ -14,11 +14,11 @@ import torch
 from torch.utils.data.distributed import DistributedSampler
 
 from tests.training.tiny_training import LabelledTokens, collate_labelled, state_hash, tiny_classifier
-from training.distributed import resolve_device, setup_distributed, shard
-from training.metrics_log import METRICS_FILE
-from training.settings import TrainSettings
-from training.trainer import SETTINGS_FILE, train
-from training.training_state import list_training_states, load_training_state
+from training.loop.distributed import resolve_device, setup_distributed, shard
+from training.loop.metrics_log import METRICS_FILE
+from training.loop.settings import TrainSettings
+from training.loop.trainer import SETTINGS_FILE, train
+from training.loop.training_state import list_training_states, load_training_state
 
 REPO = Path(__file__).resolve().parents[2]
 # Per rank: 24 of the 48 examples, micro-batches of 4, 2 per step: 3 steps per epoch, 6 in all.

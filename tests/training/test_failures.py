@@ -22,13 +22,13 @@ import torch
 
 from tasks.runtime.spec import TaskSpec
 from tests.training.tiny_training import LabelledTokens, collate_labelled, tiny_classifier
-from training.checkpoint import load_pretrained
+from training.bert.checkpoint import load_pretrained
+from training.bert.model import BertForSequenceClassification
 from training.errors import TrainingDiverged
-from training.metrics_log import METRICS_FILE
-from training.model import BertForSequenceClassification
-from training.settings import TrainSettings
-from training.trainer import FINAL_MODEL_DIR, train
-from training.training_state import list_training_states, load_training_state
+from training.loop.metrics_log import METRICS_FILE
+from training.loop.settings import TrainSettings
+from training.loop.trainer import FINAL_MODEL_DIR, train
+from training.loop.training_state import list_training_states, load_training_state
 
 REPO = Path(__file__).resolve().parents[2]
 # A learning rate of 1e12 makes the first update push the weights past what fp32 can square: the loss of step 2

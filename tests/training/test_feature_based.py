@@ -15,11 +15,11 @@ from tasks import ner
 from tasks.registry import head_class
 from tasks.runtime.spec import TaskSpec
 from tasks.runtime.tokenizer import load_tokenizer
-from training.checkpoint import load_pretrained, read_state_dict
-from training.evaluate import evaluate_model
-from training.feature_based import cache_features
-from training.model import BertFeatureBasedTokenClassification, PaddingFreeBiLSTM
-from training.torch_runner import predict
+from training.bert.checkpoint import load_pretrained, read_state_dict
+from training.bert.model import BertFeatureBasedTokenClassification, PaddingFreeBiLSTM
+from training.bert.torch_runner import predict
+from training.finetuning.evaluate import evaluate_model
+from training.finetuning.feature_based import cache_features
 
 SENTENCES = ["EU rejects German call to boycott British lamb .", "Peter Blackburn", "BRUSSELS 1996-08-22",
              "The European Commission said on Thursday it disagreed with German advice to consumers ."]

@@ -9,8 +9,8 @@ import pytest
 
 from berth.cli import main
 from tasks.runtime.spec import TaskSpec
-from training.evaluate import evaluate_model
-from training.finetune import FinetuneSettings, run_finetune
+from training.finetuning.evaluate import evaluate_model
+from training.finetuning.finetune import FinetuneSettings, run_finetune
 
 SAMPLES = Path(__file__).resolve().parents[2] / "data" / "samples"
 

@@ -15,8 +15,8 @@ import pytest
 
 from berth.cli import main
 from tests.training.tiny_training import save_tiny_bert_folder
-from training.evaluate import evaluate_model
-from training.finetune import FinetuneSettings, run_finetune
+from training.finetuning.evaluate import evaluate_model
+from training.finetuning.finetune import FinetuneSettings, run_finetune
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "data" / "samples" / "topics"

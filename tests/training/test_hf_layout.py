@@ -18,8 +18,8 @@ transformers = pytest.importorskip("transformers")
 
 from tasks.hf_layout import FEATURE_BASED_TYPE, MEAN_POOLED_TYPE  # noqa: E402
 from tasks.model_card import finetuned_card  # noqa: E402
-from training import model as models  # noqa: E402
-from training.checkpoint import load_pretrained, save_pretrained  # noqa: E402
+from training.bert import model as models  # noqa: E402
+from training.bert.checkpoint import load_pretrained, save_pretrained  # noqa: E402
 
 LABELS = ["billing", "bug", "login"]
 TEXTS = ["I was charged twice this month.", "The app crashes when I open settings.", "Cannot sign in", "ok"]

@@ -7,9 +7,9 @@ import torch
 
 from tasks.runtime.batching import pad_batch
 from tasks.runtime.tokenizer import encode
-from training.checkpoint import load_pretrained
-from training.config import BertConfig
-from training.model import BertModel
+from training.bert.checkpoint import load_pretrained
+from training.bert.config import BertConfig
+from training.bert.model import BertModel
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",

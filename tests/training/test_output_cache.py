@@ -15,10 +15,10 @@ torch = pytest.importorskip("torch")
 from export import parity  # noqa: E402
 from export.calibration import adapter  # noqa: E402
 from tasks.runtime.spec import TaskSpec  # noqa: E402
-from training.checkpoint import load_pretrained, save_pretrained  # noqa: E402
-from training.model import BertForSequenceClassification, BertForTokenClassification  # noqa: E402
-from training.output_cache import Recorder, Reusing  # noqa: E402
-from training.torch_runner import torch_item_runner  # noqa: E402
+from training.bert.checkpoint import load_pretrained, save_pretrained  # noqa: E402
+from training.bert.model import BertForSequenceClassification, BertForTokenClassification  # noqa: E402
+from training.bert.torch_runner import torch_item_runner  # noqa: E402
+from training.finetuning.output_cache import Recorder, Reusing  # noqa: E402
 
 SST2 = (parity.default_data_dir() or Path("/nonexistent")) / "sst2"
 pytestmark = pytest.mark.skipif(not (SST2 / "dev.tsv").is_file(), reason="needs ../shared/data/sst2")
@@ -141,7 +141,7 @@ def test_a_file_of_another_kind_is_not_trusted(saved, tmp_path):
 
 
 def test_outputs_over_the_size_limit_are_not_kept(saved, tmp_path, monkeypatch):
-    from training import output_cache
+    from training.finetuning import output_cache
 
     folder, _, items, _, _, _ = saved
     model = _reloaded(folder)
@@ -155,7 +155,7 @@ def test_outputs_over_the_size_limit_are_not_kept(saved, tmp_path, monkeypatch):
 
 def test_the_digest_reads_every_tensor_a_scalar_and_an_empty_one_included():
     """A 0-dim buffer (a temperature, a step count) and an empty one are part of what decides the outputs."""
-    from training.output_cache import model_digest
+    from training.finetuning.output_cache import model_digest
 
     def module(scale: float) -> torch.nn.Module:
         torch.manual_seed(0)

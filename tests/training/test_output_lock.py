@@ -16,11 +16,11 @@ import pytest
 
 from tests.conftest import REPO
 from training.errors import UserFacingError
-from training.output_lock import LOCK_FILE, OutputInUse, acquire, output_lock
+from training.loop.output_lock import LOCK_FILE, OutputInUse, acquire, output_lock
 
 HOLD = """
 import sys, time
-from training.output_lock import output_lock
+from training.loop.output_lock import output_lock
 with output_lock(sys.argv[1], "berth finetune"):
     print("held", flush=True)
     time.sleep(300)

@@ -1,4 +1,4 @@
-"""training.plot: a real run's metrics.jsonl becomes a PNG, from Python and from `berth plot`."""
+"""training.loop.plot: a real run's metrics.jsonl becomes a PNG, from Python and from `berth plot`."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import torch
 from berth.cli import SUBCOMMAND_MODULES
 from berth.commands import plot as plot_cli
 from tests.training.tiny_training import MaskedTokens, collate, tiny_pretraining_model
-from training.metrics_log import METRICS_FILE
-from training.plot import plot_metrics, read_metrics
-from training.settings import TrainSettings
-from training.trainer import train
+from training.loop.metrics_log import METRICS_FILE
+from training.loop.plot import plot_metrics, read_metrics
+from training.loop.settings import TrainSettings
+from training.loop.trainer import train
 
 
 def png_size(path) -> tuple[int, int]:

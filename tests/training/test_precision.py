@@ -20,14 +20,14 @@ import torch
 
 from tasks.runtime.tokenizer import load_tokenizer
 from tests.training.tiny_training import MaskedTokens, collate, tiny_pretraining_model
-from training import task_data
-from training.checkpoint import load_pretrained
-from training.finetune import FinetuneSettings, run_finetune
-from training.model import BertForSequenceClassification
-from training.precision import precision_name, probe_cpu_precision, resolve_precision
-from training.settings import TrainSettings
-from training.trainer import train
-from training.training_state import latest_training_state, load_training_state
+from training.bert.checkpoint import load_pretrained
+from training.bert.model import BertForSequenceClassification
+from training.finetuning import task_data
+from training.finetuning.finetune import FinetuneSettings, run_finetune
+from training.loop.precision import precision_name, probe_cpu_precision, resolve_precision
+from training.loop.settings import TrainSettings
+from training.loop.trainer import train
+from training.loop.training_state import latest_training_state, load_training_state
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLES = REPO / "data" / "samples"
@@ -110,7 +110,7 @@ def test_forcing_bf16_without_native_support_warns(caplog, monkeypatch):
     monkeypatch.delenv("BERTH_CPU_BF16", raising=False)  # the warning is about the real CPU
     if kernel_says_native_bf16() is not False:
         pytest.skip("this CPU has native bf16 (or cannot tell)")
-    with caplog.at_level(logging.WARNING, logger="training.precision"):
+    with caplog.at_level(logging.WARNING, logger="training.loop.precision"):
         assert resolve_precision("bf16", torch.device("cpu")) == torch.bfloat16
     assert "emulated" in caplog.text
 
@@ -172,7 +172,7 @@ def test_a_bf16_run_tracks_the_fp32_run_within_bf16_precision(tmp_path):
     """The same seeded run in bf16 and fp32: the first step's loss (no update yet) agrees to bf16's precision
     and training still lowers it; runs on every CPU (emulated bf16 where the CPU has none)."""
     from tests.training.tiny_training import LabelledTokens, collate_labelled, tiny_classifier
-    from training.metrics_log import METRICS_FILE
+    from training.loop.metrics_log import METRICS_FILE
 
     losses = {}
     for precision in ("fp32", "bf16"):

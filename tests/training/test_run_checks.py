@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from tasks import readers
-from training.run_checks import MIN_STEPS, short_run, unseen_dev_labels
-from training.settings import FinetuneSettings
-from training.trainer import Plan
+from training.finetuning.run_checks import MIN_STEPS, short_run, unseen_dev_labels
+from training.finetuning.settings import FinetuneSettings
+from training.loop.trainer import Plan
 
 
 def settings(**values) -> FinetuneSettings:

@@ -12,8 +12,8 @@ import pytest
 
 from tasks.runtime.cpu import cgroup_cpu_limit as cgroup_cpu_quota
 from tasks.runtime.cpu import usable_cpus as usable_cores
-from training import threads
-from training.threads import default_threads, idle_cores
+from training.loop import threads
+from training.loop.threads import default_threads, idle_cores
 
 
 def affinity() -> int:

@@ -23,12 +23,12 @@ from tests.training.tiny_training import (
     tiny_classifier,
     tiny_pretraining_model,
 )
-from training.data_order import epoch_batches, length_grouped_permutation
-from training.metrics_log import METRICS_FILE
-from training.optimizer import linear_schedule, parameter_groups
-from training.settings import TrainSettings
-from training.trainer import FINAL_MODEL_DIR, Plan, train
-from training.training_state import (
+from training.loop.data_order import epoch_batches, length_grouped_permutation
+from training.loop.metrics_log import METRICS_FILE
+from training.loop.optimizer import linear_schedule, parameter_groups
+from training.loop.settings import TrainSettings
+from training.loop.trainer import FINAL_MODEL_DIR, Plan, train
+from training.loop.training_state import (
     CHECKPOINTS_DIR,
     atomic_directory,
     clean_stale_temporaries,

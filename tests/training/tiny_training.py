@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from training.model import BertConfig, BertForPreTraining, BertForSequenceClassification
+from training.bert.model import BertConfig, BertForPreTraining, BertForSequenceClassification
 
 VOCAB = 200
 SEQ_LEN = 12
@@ -143,8 +143,8 @@ def state_hash(model: torch.nn.Module) -> str:
 def save_tiny_bert_folder(folder: Path, max_position_embeddings: int = 512) -> Path:
     """A 2-layer H32 BERT (random weights, seed 0) saved as a model folder with the default base's tokenizer: a
     real `--base` for fine-tuning runs that must be quick."""
-    from training.checkpoint import default_base_path, save_pretrained
-    from training.model import BertModel
+    from training.bert.checkpoint import default_base_path, save_pretrained
+    from training.bert.model import BertModel
 
     torch.manual_seed(0)
     config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
@@ -153,8 +153,8 @@ def save_tiny_bert_folder(folder: Path, max_position_embeddings: int = 512) -> P
     return folder
 
 def main() -> None:
-    from training.settings import TrainSettings
-    from training.trainer import train
+    from training.loop.settings import TrainSettings
+    from training.loop.trainer import train
 
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)

@@ -53,7 +53,7 @@ class Base:
 def resolve_base(name: str) -> Base:
     """The base folder `name` ('default': the embedded checkpoint), checked to be a BERT checkpoint with a
     tokenizer; anything else is refused in one line."""
-    from training.checkpoint import LEGACY_WEIGHTS_NAME, WEIGHTS_NAME, default_base_path
+    from training.bert.checkpoint import LEGACY_WEIGHTS_NAME, WEIGHTS_NAME, default_base_path
 
     folder = default_base_path() if name == "default" else Path(name)
     if not folder.is_dir():
@@ -101,8 +101,8 @@ def check_lengths(base: Base, *lengths: int | None) -> None:
 
 def load_base_model(base: Base, nsp: bool):
     """The base's weights in `BertForPreTraining` (nsp) or `BertForMaskedLM`, and the names of the new weights."""
-    from training.checkpoint import CheckpointError, load_pretrained
-    from training.model import BertForMaskedLM, BertForPreTraining
+    from training.bert.checkpoint import CheckpointError, load_pretrained
+    from training.bert.model import BertForMaskedLM, BertForPreTraining
 
     try:
         model, report = load_pretrained(BertForPreTraining if nsp else BertForMaskedLM, base.folder)

@@ -71,7 +71,7 @@ def evaluate_pretraining(
     """
     import torch
 
-    from training.model import BertForPreTraining
+    from training.bert.model import BertForPreTraining
 
     indices = scored_indices(len(dataset), max_instances)
     n = len(indices)
@@ -161,8 +161,8 @@ def evaluate_pretrained_folder(
     import torch
 
     from tasks.runtime.tokenizer import load_tokenizer
-    from training.checkpoint import load_pretrained
-    from training.model import BertForMaskedLM, BertForPreTraining
+    from training.bert.checkpoint import load_pretrained
+    from training.bert.model import BertForMaskedLM, BertForPreTraining
     from training.pretraining.shards import prepare
 
     folder = Path(folder)

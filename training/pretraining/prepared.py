@@ -177,7 +177,7 @@ def _use_given(settings: PretrainSettings, base: Base | None, nsp: bool,
 def save_model_tokenizer(tokenizer: Tokenizer, out: Path, base: Base | None, settings: PretrainSettings) -> None:
     """The tokenizer files of the model folder: the base's own files as they are, else ours written out."""
     from tasks.runtime.tokenizer import save_tokenizer
-    from training.checkpoint import TOKENIZER_FILES
+    from training.bert.checkpoint import TOKENIZER_FILES
 
     out.mkdir(parents=True, exist_ok=True)
     if base is not None:

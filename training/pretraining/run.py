@@ -4,7 +4,7 @@ corpus files -> a tokenizer (the base's, a given one, or a WordPiece vocabulary 
 prepared shards of instances, held-out documents apart (training.pretraining.prepared / shards) -> a model:
 `BertForPreTraining` (masked LM + next-sentence prediction) or, without NSP, `BertForMaskedLM`, new or loaded
 from the base (training.pretraining.base) -> a head-only warm-up when the base lacks a head -> the one training
-loop (training.trainer) reading the shards as they lie on disk (training.pretraining.stream) -> the paper's
+loop (training.loop.trainer) reading the shards as they lie on disk (training.pretraining.stream) -> the paper's
 optional second phase at a longer length -> a Hugging Face folder, its held-out evaluation and its run record.
 """
 
@@ -52,7 +52,7 @@ def build_model(settings: PretrainSettings, nsp: bool, vocab_size: int):
     """A freshly initialized `BertForPreTraining`, or `BertForMaskedLM` without NSP."""
     import torch
 
-    from training.model import BertForMaskedLM, BertForPreTraining
+    from training.bert.model import BertForMaskedLM, BertForPreTraining
 
     torch.manual_seed(settings.seed)
     return (BertForPreTraining if nsp else BertForMaskedLM)(settings.bert_config(vocab_size))
@@ -85,11 +85,12 @@ def _planned_steps(settings: PretrainSettings, examples: int, world_size: int) -
 
 def run_pretrain(settings: PretrainSettings) -> dict[str, Any]:
     """Prepare, train, save the folder, evaluate on held-out text. Returns the run record (on rank 0 of a torchrun
-    launch; {} on the others), or with `prepare_only` the prepared data's record. The output folder's lock
-    (training/output_lock.py) refuses a second run on a folder a live run writes; under torchrun rank 0 holds it."""
+    launch; {} on the others), or with `prepare_only` the prepared data's record. The output folder's
+    lock (training/loop/output_lock.py) refuses a second run on a folder a live run writes; under torchrun rank 0
+    holds it."""
     import os
 
-    from training.output_lock import output_lock
+    from training.loop.output_lock import output_lock
 
     if int(os.environ.get("RANK", "0")) != 0:
         return _run_pretrain(settings)
@@ -100,9 +101,9 @@ def run_pretrain(settings: PretrainSettings) -> dict[str, Any]:
 def _run_pretrain(settings: PretrainSettings) -> dict[str, Any]:
     import torch
 
-    from training.distributed import check_shared_folder, setup_distributed, teardown_distributed
+    from training.loop.distributed import check_shared_folder, setup_distributed, teardown_distributed
+    from training.loop.training_state import list_training_states
     from training.pretraining.base import resolve_base
-    from training.training_state import list_training_states
 
     if settings.num_threads:
         torch.set_num_threads(settings.num_threads)
@@ -128,11 +129,11 @@ def _run_pretrain(settings: PretrainSettings) -> dict[str, Any]:
 def _train_and_save(settings: PretrainSettings, tokenizer, data: list[PreparedData], built: _Model, ctx) -> dict:
     import torch
 
-    from training.checkpoint import save_pretrained
+    from training.bert.checkpoint import save_pretrained
+    from training.loop.trainer import train
     from training.pretraining.data import ShardedPretrainingDataset, collate
     from training.pretraining.masking import MaskingVocab
     from training.pretraining.stream import ShardedInstances
-    from training.trainer import train
 
     out, model = Path(settings.out), built.model
     vocab = MaskingVocab.from_tokenizer(tokenizer)
@@ -216,7 +217,7 @@ def _git_revision() -> str | None:
 def _head_warmup(settings: PretrainSettings, built: _Model, dataset, collate_fn, loop, world_size: int):
     """Train only the heads the base lacks, the encoder frozen, for the warm-up steps (its own training state in
     OUT/head_warmup, so a killed run resumes it too). None when there is no warm-up."""
-    from training.trainer import train
+    from training.loop.trainer import train
 
     if built.base is None:
         return None
@@ -242,9 +243,9 @@ def _train_phase2(settings: PretrainSettings, model, vocab, collate_fn, phase1, 
     """The paper's second phase: `steps` more steps on phase2_seq_length-token instances, from the phase-1
     weights, with its own warmup and decay (as google-research/bert's second run_pretraining invocation),
     so that the position embeddings past max_seq_length are trained. Its state lives in out/phase2."""
+    from training.loop.trainer import train
     from training.pretraining.data import ShardedPretrainingDataset
     from training.pretraining.stream import ShardedInstances
-    from training.trainer import train
 
     length = settings.phase2_seq_length
     instances = ShardedInstances(data.folder, "train")

@@ -1,4 +1,4 @@
-"""The settings of `berth pretrain`: the training loop's (training/settings.py) plus the corpus, its preparation,
+"""The settings of `berth pretrain`: the training loop's (training/loop/settings.py) plus the corpus, its preparation,
 the tokenizer, the model (new, or continued from a base) and the objective. Torch-free."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from training.config import PRESETS, BertConfig
+from training.bert.config import PRESETS, BertConfig
+from training.loop.settings import TrainLoopSettings, loop_default
 from training.pretraining.corpus import DEFAULT_MAX_DOCUMENT_CHARS, BadLinePolicy, Encoding
-from training.settings import TrainLoopSettings, loop_default
 
 log = logging.getLogger("berth.settings")
 

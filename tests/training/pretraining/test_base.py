@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from berth.cli import main
-from training.checkpoint import default_base_path, load_pretrained, read_state_dict, save_pretrained
-from training.model import BertForPreTraining
-from training.training_state import latest_training_state, load_training_state
+from training.bert.checkpoint import default_base_path, load_pretrained, read_state_dict, save_pretrained
+from training.bert.model import BertForPreTraining
+from training.loop.training_state import latest_training_state, load_training_state
 
 REPO = Path(__file__).resolve().parents[3]
 SAMPLES = REPO / "data" / "samples"

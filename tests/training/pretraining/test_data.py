@@ -346,8 +346,8 @@ def test_dataset_rejects_instances_longer_than_max_seq_length(instances, tokeniz
 
 def test_collate_pads_and_feeds_bert_for_pretraining(instances, corpus, tokenizer, special):
     torch = pytest.importorskip("torch")
-    from training.config import BertConfig
-    from training.model import BertForPreTraining
+    from training.bert.config import BertConfig
+    from training.bert.model import BertForPreTraining
 
     torch.set_num_threads(1)
     dataset = PretrainingDataset(instances, tokenizer, MAX_LEN, seed=0)

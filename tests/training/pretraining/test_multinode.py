@@ -24,7 +24,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from berth.cli import main
-from training.training_state import list_training_states
+from training.loop.training_state import list_training_states
 
 REPO = Path(__file__).resolve().parents[3]
 TORCHRUN = Path(sys.executable).with_name("torchrun")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from training.checkpoint import default_base_path, read_state_dict
+from training.bert.checkpoint import default_base_path, read_state_dict
 
 REPO = Path(__file__).resolve().parents[3]
 STEPS = 24

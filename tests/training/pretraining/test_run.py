@@ -19,8 +19,8 @@ import torch
 
 from berth.cli import main
 from tasks.runtime.tokenizer import load_tokenizer
-from training.checkpoint import load_pretrained
-from training.model import BertForMaskedLM, BertForPreTraining, BertForSequenceClassification
+from training.bert.checkpoint import load_pretrained
+from training.bert.model import BertForMaskedLM, BertForPreTraining, BertForSequenceClassification
 from training.pretraining.data import collate
 from training.pretraining.evaluation import evaluate_pretraining, heldout_dataset, load_run_settings
 from training.pretraining.masking import MaskingVocab
@@ -122,7 +122,7 @@ def test_transformers_loads_it_with_no_missing_or_unexpected_keys_and_the_same_l
 
 
 def test_finetuning_accepts_the_folder_as_its_base(nsp_run, tmp_path):
-    from training.finetune import FinetuneSettings, run_finetune
+    from training.finetuning.finetune import FinetuneSettings, run_finetune
 
     out, _ = nsp_run
     model, report = load_pretrained(BertForSequenceClassification, out, num_labels=3)

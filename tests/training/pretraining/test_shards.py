@@ -18,7 +18,7 @@ import pytest
 
 from berth.cli import main
 from tasks.runtime.tokenizer import load_tokenizer
-from training.checkpoint import default_base_path
+from training.bert.checkpoint import default_base_path
 from training.errors import UserFacingError
 from training.pretraining.corpus import read_documents
 from training.pretraining.instances import build_pretraining_instances

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from training.saving import (
+from training.loop.saving import (
     atomic_directory,
     clean_stale_temporaries,
     disk_errors,

@@ -5,24 +5,24 @@ with a scalar "loss" (other 0-dim tensors there are logged as metrics), a map-st
 function that turns a list of items into the model's keyword arguments, and `TrainSettings`.
 
 What it does: AdamW (no weight decay on biases and LayerNorm weights), linear warmup then linear decay
-to 0, gradient accumulation, gradient clipping, mixed precision (training/precision.py: bf16 autocast
+to 0, gradient accumulation, gradient clipping, mixed precision (training/loop/precision.py: bf16 autocast
 where the GPU or the CPU has it natively, fp16 with a GradScaler on older GPUs, fp32 weights and
 optimizer state always), DDP when launched by torchrun, progress lines or a bar, and a JSON-lines metrics log, and
 checkpoints that make resume after a kill exact: same seed, same per-step losses, same final weights
 as an uninterrupted run.
 
 How exact resume works. Every epoch's data order is a permutation drawn from a generator seeded by
-(seed, epoch) (training/data_order.py), dealt to ranks like DistributedSampler, and cut into
-micro-batches. A training state (training/training_state.py) records the epoch and how many
-micro-batches of it were consumed, plus every random state (training/random_state.py: python,
+(seed, epoch) (training/loop/data_order.py), dealt to ranks like DistributedSampler, and cut into
+micro-batches. A training state (training/loop/training_state.py) records the epoch and how many
+micro-batches of it were consumed, plus every random state (training/loop/random_state.py: python,
 numpy, torch, CUDA; per rank). Resuming rebuilds the epoch's batches and starts after the consumed
 ones, without loading them. DataLoaders get their own seeded generator so that creating one does not
 draw from the global torch RNG (the one dropout uses), and evaluation / saving run with the global
 random states saved and restored, so neither perturbs training.
 
-Layout of `output_dir`: metrics.jsonl (training/metrics_log.py), train_settings.json,
+Layout of `output_dir`: metrics.jsonl (training/loop/metrics_log.py), train_settings.json,
 checkpoints/step-00000123/trainer_state.pt, and final_model/ when an `on_save` hook is given. The
-optimizer and the learning-rate schedule are training/optimizer.py's.
+optimizer and the learning-rate schedule are training/loop/optimizer.py's.
 
 Why one file of ~600 lines: it is the loop itself (`_Run`), whose steps share one run's state (plan, position in the
 epoch, random states, callbacks); what needs none of it is already its own module (data order, random state,
@@ -45,13 +45,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from training.callbacks import TrainerCallback
-from training.data_order import (
+from training.errors import TrainingDiverged, UserFacingError
+from training.loop.callbacks import TrainerCallback
+from training.loop.data_order import (
     dataset_lengths,
     derive_seed,
     epoch_batches,
 )
-from training.distributed import (
+from training.loop.distributed import (
     DistContext,
     any_rank,
     barrier,
@@ -60,19 +61,18 @@ from training.distributed import (
     setup_distributed,
     teardown_distributed,
 )
-from training.errors import TrainingDiverged, UserFacingError
-from training.metrics_log import METRICS_FILE, MetricsLog, Window, batch_size_of, merge_windows
-from training.optimizer import (
+from training.loop.metrics_log import METRICS_FILE, MetricsLog, Window, batch_size_of, merge_windows
+from training.loop.optimizer import (
     build_optimizer,
     build_scheduler,
     current_learning_rate,
     replan,
 )
-from training.precision import autocast, dtype_named, precision_name, probe_cpu_precision, resolve_precision
-from training.random_state import capture_rng_state, preserved_rng, restore_rng_state, seed_everything
-from training.settings import TrainSettings
-from training.threads import default_threads
-from training.training_state import (
+from training.loop.precision import autocast, dtype_named, precision_name, probe_cpu_precision, resolve_precision
+from training.loop.random_state import capture_rng_state, preserved_rng, restore_rng_state, seed_everything
+from training.loop.settings import TrainSettings
+from training.loop.threads import default_threads
+from training.loop.training_state import (
     CHECKPOINTS_DIR,
     atomic_directory,
     clean_stale_temporaries,
@@ -174,7 +174,7 @@ def train(
     `on_save(model, folder)` saves the final model in the caller's format (rank 0, atomically, into
     output_dir/final_model). Under torchrun, call this in every process; checkpoints must be on a
     filesystem all ranks can read.
-    `callbacks` (training/callbacks.py) see every metrics line and evaluation, may stop the run after an
+    `callbacks` (training/loop/callbacks.py) see every metrics line and evaluation, may stop the run after an
     evaluation, and keep their state in the resumable training state.
     """
     ctx = setup_distributed(settings.device)
@@ -281,7 +281,7 @@ class _Run:
 
     def _epoch_batches(self, epoch: int, rank: int, world_size: int) -> Sequence[list[int]]:
         """This rank's micro-batches of `epoch`: the dataset's own order when it makes one (prepared pretraining
-        shards, read on demand), else a permutation of all examples (training/data_order.py)."""
+        shards, read on demand), else a permutation of all examples (training/loop/data_order.py)."""
         own = getattr(self.dataset, "epoch_batches", None)
         if own is not None:
             return own(epoch, rank, world_size, self.settings.batch_size, self.settings.seed)

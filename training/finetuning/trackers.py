@@ -1,8 +1,9 @@
 """Experiment trackers for `--report-to`: TensorBoard event files and an MLflow run, as training-loop callbacks.
 
 Each sees every metrics line (`train/loss`, `train/learning_rate`, `train/tokens_per_s` ...) and every dev
-evaluation (`dev/<metric>`) by optimizer step; at the end `finish` adds the final dev figures of the saved
-model (`final_dev/<metric>`) and, for MLflow, the model folder as the run's artifacts. A resumed run writes
+evaluation (`dev/<metric>`) by optimizer step; at the end `on_run_end` adds the final dev figures of the saved
+model (`final_dev/<metric>`) and, for MLflow, the model folder as the run's artifacts; `close` ends a run that
+failed. A resumed run writes
 into the same place: TensorBoard hides the events a killed run wrote after the state it resumes from
 (`purge_step`); MLflow continues the same run (its id is in the training state) and keeps both values of a
 step logged twice.
@@ -25,7 +26,8 @@ from typing import Any
 
 from torch import nn
 
-from training.callbacks import TrainerCallback
+from training.finetuning.settings import FinetuneInputError
+from training.loop.callbacks import TrainerCallback
 
 TRACKERS = ("tensorboard", "mlflow")
 TENSORBOARD_DIR = "tensorboard"  # under the output folder
@@ -33,7 +35,7 @@ DEFAULT_MLFLOW_DIR = "mlruns"  # under the working directory
 NOT_LOGGED = {"step", "epoch", "elapsed_s", "split"}
 
 
-class TrackerUnavailable(ValueError):
+class TrackerUnavailable(FinetuneInputError):
     """A tracker named in --report-to whose package is not installed."""
 
 
@@ -49,6 +51,7 @@ def check_available(names: Sequence[str]) -> None:
 
 
 def make_trackers(names: Sequence[str], out: Path, params: dict[str, Any]) -> list[TrainerCallback]:
+    """The trackers named, not started yet (they start in `restore`); TrackerUnavailable first if one cannot run."""
     check_available(names)
     made: list[TrainerCallback] = []
     for name in dict.fromkeys(names):
@@ -91,7 +94,7 @@ class TensorBoardTracker(TrainerCallback):
             self.writer.add_scalar(f"dev/{key}", value, step)
         self.writer.flush()
 
-    def finish(self, out: Path, step: int, dev_metrics: dict[str, float]) -> None:
+    def on_run_end(self, out: Path, step: int, dev_metrics: dict[str, float]) -> None:
         if self.writer is not None:
             for key, value in _scalars(dev_metrics).items():
                 self.writer.add_scalar(f"final_dev/{key}", value, step)
@@ -155,7 +158,7 @@ class MlflowTracker(TrainerCallback):
     def on_evaluate(self, step: int, metrics: dict[str, float], model: nn.Module) -> None:
         self._log("dev", metrics, step)
 
-    def finish(self, out: Path, step: int, dev_metrics: dict[str, float]) -> None:
+    def on_run_end(self, out: Path, step: int, dev_metrics: dict[str, float]) -> None:
         if self.client is None:
             return
         self._log("final_dev", dev_metrics, step)

@@ -1,9 +1,9 @@
 """The BERT paper's fine-tuning protocol: every cell of a grid x every restart (seed) is a real fine-tuning
-run through training.finetune.run_finetune (the loop `berth finetune` uses), selected on dev by the task's
-metric. The engine of `berth sweep`.
+run through training.finetuning.finetune.run_finetune (the loop `berth finetune` uses), selected on dev by the task's
+metric, the winner exported in this process as `berth export` does it. The engine of `berth sweep`.
 
 Layout of the sweep folder OUT:
-- sweep_plan.json: the base settings, the grid, its cells and the seeds; a re-run with other settings or
+- sweep_plan.json: the settings as given, the grid, its cells and the seeds; a re-run with other settings or
   another grid is refused (a re-run with more restarts extends the sweep).
 - trials/<id>/: one fine-tuning output folder per trial (id `c03-seed43`: cell 3, seed 43) with its
   trial.json, written atomically once the trial has finished (ok or failed). A trial with a trial.json is
@@ -12,7 +12,8 @@ Layout of the sweep folder OUT:
 - best/: the winner's model folder (hard links where the file system allows), kept up to date as trials
   finish; the other trials' weights are deleted as soon as they are beaten, unless `keep_trials`.
 - sweep.json: every trial (its settings, seed, dev metrics, minutes, status), the winner, per cell the
-  statistics over restarts (training/sweep_stats.py), rewritten after every trial.
+  statistics over restarts (berth/sweep/stats.py), rewritten after every trial.
+- with an export: the winner's bundle, gated as `berth export` gates it.
 
 Order: restart-major (every cell's first restart, then every cell's second ...), so that a sweep cut short
 by its time budget still has one trial of every cell.
@@ -30,7 +31,6 @@ import logging
 import math
 import os
 import shutil
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,10 +38,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from training import sweep_stats
+from berth.sweep import stats as sweep_stats
+from berth.sweep.grid import RUNTIME_ONLY, describe
 from training.errors import TrainingDiverged, UserFacingError
-from training.settings import FinetuneSettings
-from training.sweep_grid import describe
+from training.finetuning.settings import FinetuneSettings
+from training.loop.callbacks import greater_is_better
 
 log = logging.getLogger("berth.sweep")
 
@@ -55,9 +56,6 @@ KEPT_WHEN_PRUNED = {TRIAL_FILE, "finetune_run.json", "berth_task.json", "metrics
 # A trial saves its resumable training state this often unless told otherwise, so that a kill costs at
 # most this many steps of it.
 SAVE_EVERY_STEPS = 100
-# Settings a continued sweep may change: how a trial runs, not what it computes.
-RUNTIME_ONLY = {"num_threads", "progress_bar", "device", "num_workers", "save_every_steps", "save_every_minutes",
-                "keep_last_states"}
 EPOCHS_NOTE = "each epochs value is a run of its own (its own linear decay to 0), not a point of a longer run"
 
 
@@ -67,9 +65,9 @@ class SweepError(ValueError):
 
 @dataclass
 class SweepPlan:
-    base: dict[str, Any]  # FinetuneSettings fields as given (out: the sweep folder)
-    grid: dict[str, list]  # setting -> values (typed); {} is the one-cell sweep (restarts only)
-    cells: list[dict[str, Any]]  # the grid's cells, validated (training.sweep_grid.expand)
+    settings: FinetuneSettings  # every trial's, but for its cell's values and seed (out: the sweep folder)
+    grid: dict[str, list]  # setting -> values; {} is the one-cell sweep (restarts only)
+    cells: list[dict[str, Any]]  # the grid's cells, typed and validated (berth.sweep.grid.expand)
     seeds: list[int]
     metric: str | None = None  # None: the task's headline metric
     sweep_minutes: float | None = None  # no new trial starts once the trials have used this many minutes
@@ -78,23 +76,27 @@ class SweepPlan:
 
     @property
     def out(self) -> Path:
-        return Path(self.base["out"])
+        return Path(self.settings.out)
+
+    def given(self) -> dict[str, Any]:
+        """The settings as given (flags, config file), as JSON values: what the sweep's records show."""
+        return self.settings.model_dump(mode="json", exclude_unset=True)
 
     def order(self) -> list[tuple[int, int]]:
         """(cell, seed) in run order: restart-major."""
         return [(cell, seed) for seed in self.seeds for cell in range(len(self.cells))]
 
-    def settings(self, cell: int, seed: int) -> FinetuneSettings:
-        saving = {} if self.base.get("save_every_steps") else {"save_every_steps": SAVE_EVERY_STEPS}
-        return FinetuneSettings(**{**saving, **self.base, **self.cells[cell], "seed": seed,
-                                   "out": self.out / TRIALS_DIR / trial_id(cell, seed)})
+    def trial_settings(self, cell: int, seed: int) -> FinetuneSettings:
+        """The trial's settings; its cell was validated with these settings when the plan was made."""
+        saving = {} if self.settings.save_every_steps else {"save_every_steps": SAVE_EVERY_STEPS}
+        return self.settings.model_copy(update={**saving, **self.cells[cell], "seed": seed,
+                                                "out": self.out / TRIALS_DIR / trial_id(cell, seed)})
 
     def identity(self) -> dict[str, Any]:
         """What must match for a re-run to continue this sweep (seeds may grow; the budget, threads and
         other settings that do not change what a trial computes may change)."""
-        base = {key: value for key, value in self.base.items() if key not in RUNTIME_ONLY}
-        return json.loads(json.dumps({"base": base, "grid": self.grid, "cells": self.cells,
-                                      "metric": self.metric}, default=str))
+        base = {key: value for key, value in self.given().items() if key not in RUNTIME_ONLY}
+        return {"base": base, "grid": as_json(self.grid), "cells": as_json(self.cells), "metric": self.metric}
 
 
 def trial_id(cell: int, seed: int) -> str:
@@ -103,13 +105,13 @@ def trial_id(cell: int, seed: int) -> str:
 
 def check_budget(plan: SweepPlan) -> None:
     """A whole-sweep budget that cannot fit one trial's own budget is refused before training."""
-    per_trial = plan.base.get("max_minutes")
+    per_trial = plan.settings.max_minutes
     if plan.sweep_minutes is not None:
         if plan.sweep_minutes <= 0:
             raise SweepError(f"--sweep-minutes {plan.sweep_minutes:g}: must be above 0")
-        if per_trial is not None and plan.sweep_minutes < float(per_trial):
+        if per_trial is not None and plan.sweep_minutes < per_trial:
             raise SweepError(f"--sweep-minutes {plan.sweep_minutes:g} cannot fit one trial of --max-minutes "
-                             f"{float(per_trial):g}")
+                             f"{per_trial:g}")
 
 
 def open_sweep(plan: SweepPlan) -> None:
@@ -145,7 +147,7 @@ Runner = Callable[[FinetuneSettings], dict[str, float]]
 def run_sweep(plan: SweepPlan, runner: Runner | None = None) -> dict[str, Any]:
     """Run every unfinished trial of `plan` (in order, within the budget) and return the sweep record."""
     if runner is None:
-        from training.finetune import run_finetune as runner
+        from training.finetuning.finetune import run_finetune as runner
     open_sweep(plan)
     done = load_trials(plan)
     order = plan.order()
@@ -176,10 +178,10 @@ def run_sweep(plan: SweepPlan, runner: Runner | None = None) -> dict[str, Any]:
 
 def run_trial(plan: SweepPlan, cell: int, seed: int, runner: Runner) -> dict[str, Any]:
     """One fine-tuning run; its record, written to its folder's trial.json (atomically)."""
-    settings = plan.settings(cell, seed)
+    settings = plan.trial_settings(cell, seed)
     folder = Path(settings.out)
     record: dict[str, Any] = {"id": trial_id(cell, seed), "cell": cell, "seed": seed,
-                              "settings": json.loads(json.dumps(plan.cells[cell], default=str)),
+                              "settings": as_json(plan.cells[cell]),
                               "folder": str(folder.relative_to(plan.out)), "started_at": _now()}
     started = time.monotonic()
     try:
@@ -198,7 +200,7 @@ def run_trial(plan: SweepPlan, cell: int, seed: int, runner: Runner) -> dict[str
     record["finished_at"] = _now()
     record.update(_run_facts(folder))
     if record["status"] == "ok":
-        reason = _failure_reason(record, plan.metric or plan.base.get("metric_for_best"))
+        reason = _failure_reason(record, plan.metric or plan.settings.metric_for_best)
         if reason:
             record.update(status="failed", error=reason)
     _write_json(folder / TRIAL_FILE, record)
@@ -241,22 +243,15 @@ def _failure_reason(record: dict, metric: str | None) -> str | None:
 def _metric(plan: SweepPlan, done: dict[str, dict]) -> str | None:
     """The selection metric: the one asked for (--metric, else the runs' metric_for_best), else the task's
     headline metric of the first ok trial."""
-    if plan.metric or plan.base.get("metric_for_best"):
-        return plan.metric or plan.base["metric_for_best"]
+    if plan.metric or plan.settings.metric_for_best:
+        return plan.metric or plan.settings.metric_for_best
     from tasks.registry import definition
 
     for cell, seed in plan.order():
         trial = done.get(trial_id(cell, seed))
         if trial and trial["status"] == "ok":
-            return definition(plan.base["task"]).headline_metric(trial["dev_metrics"])[0]
+            return definition(plan.settings.task).headline_metric(trial["dev_metrics"])[0]
     return None
-
-
-def greater_is_better(metric: str) -> bool:
-    """The direction of a metric by its name, as a run's best-checkpoint choice reads it."""
-    from training.callbacks import greater_is_better as by_name
-
-    return by_name(metric)
 
 
 def _winner(plan: SweepPlan, done: dict[str, dict]) -> dict | None:
@@ -283,7 +278,7 @@ def summarize(plan: SweepPlan, done: dict[str, dict], stopped_by: str | None) ->
     for cell, seed in plan.order():
         key = trial_id(cell, seed)
         trial = done.get(key) or {"id": key, "cell": cell, "seed": seed, "status": "not_run",
-                                  "settings": json.loads(json.dumps(plan.cells[cell], default=str))}
+                                  "settings": as_json(plan.cells[cell])}
         trial = dict(trial)
         trial["model_kept"] = (plan.out / TRIALS_DIR / key / "config.json").is_file()
         trials.append(trial)
@@ -292,18 +287,18 @@ def summarize(plan: SweepPlan, done: dict[str, dict], stopped_by: str | None) ->
     winner = sweep_stats.select_winner(trials, metric, greater) if metric else None
     statuses = ("ok", "failed", "not_run") + (("stopped",) if any(t["status"] == "stopped" for t in trials) else ())
     counts = {status: sum(t["status"] == status for t in trials) for status in statuses}  # stopped: by ASHA (--ray)
-    from training.finetune import run_provenance
+    from training.finetuning.finetune import run_provenance
 
     return {
         "format": 1,
         "command": plan.command,
-        "task": plan.base.get("task"),
-        "train_file": str(plan.base.get("train_file")),
-        "dev_file": str(plan.base.get("dev_file")),
+        "task": plan.settings.task,
+        "train_file": str(plan.settings.train_file),
+        "dev_file": str(plan.settings.dev_file),
         "metric": metric, "direction": "max" if greater else "min",
-        "grid": json.loads(json.dumps(plan.grid, default=str)),
+        "grid": as_json(plan.grid),
         "seeds": plan.seeds,
-        "base_settings": json.loads(json.dumps(plan.base, default=str)),
+        "base_settings": plan.given(),
         "epochs_cells": EPOCHS_NOTE,
         "counts": counts,
         "minutes": round(sum(t.get("minutes", 0) for t in trials), 3),
@@ -378,25 +373,43 @@ def _write_json(path: Path, data: Any) -> None:
     os.replace(temporary, path)
 
 
+def as_json(values: Any) -> Any:
+    """Grid values and cells as a record holds them (paths as text)."""
+    return json.loads(json.dumps(values, default=str))
+
+
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
+def seeds_plan(settings: FinetuneSettings, seeds: list[int], out: Path, metric: str | None = None) -> SweepPlan:
+    """The paper's restarts for one recipe as a one-cell sweep into `out`: every setting but the seed is the
+    sweep's identity (the seeds come from `seeds`)."""
+    given = FinetuneSettings(**{**settings.model_dump(exclude={"seed"}), "out": out})
+    return SweepPlan(settings=given, grid={}, cells=[{}], seeds=list(seeds), metric=metric)
+
+
 def best_of_seeds(settings: FinetuneSettings, seeds: list[int], out: Path, metric: str | None = None) -> dict:
-    """The paper's restarts for one recipe: a one-cell sweep, one run per seed, the best on dev kept as
-    OUT/best. Returns the sweep record (sweep.json)."""
-    base = settings.model_dump(mode="json", exclude={"seed"})
-    base["out"] = str(out)
-    plan = SweepPlan(base=base, grid={}, cells=[{}], seeds=list(seeds), metric=metric)
-    return run_sweep(plan)
+    """The paper's restarts for one recipe: one run per seed, the best on dev kept as OUT/best. Returns the
+    sweep record (sweep.json)."""
+    return run_sweep(seeds_plan(settings, seeds, out, metric))
 
 
 def export_winner(plan: SweepPlan, bundle: Path, precision: str = "fp32") -> dict[str, Any]:
-    """`berth export OUT/best --out BUNDLE`, gated as usual; its output goes to stderr."""
-    import subprocess
+    """OUT/best exported to `bundle` in this process, with the gates of `berth export`; `exit_code` is what
+    `berth export` exits with for the same outcome (0 exported, 1 refused by a gate, 2 could not export)."""
+    from export.bundle_builder import EXPORT_FAILURES, EXPORT_REFUSALS, export_bundle, quiet_optimizer_logs
+    from export.settings import ExportSettings
 
-    command = [sys.executable, "-m", "berth.cli", "export", str(plan.out / BEST_DIR), "--out", str(bundle),
-               "--precision", precision, "--force"]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    sys.stderr.write(done.stdout + done.stderr)  # stdout stays the sweep's one JSON document
-    return {"bundle": str(bundle), "precision": precision, "exit_code": done.returncode}
+    quiet_optimizer_logs()
+    settings = ExportSettings(model_folder=plan.out / BEST_DIR, out=bundle, precision=precision, force=True)
+    result: dict[str, Any] = {"bundle": str(bundle), "precision": precision}
+    try:
+        export_bundle(settings)
+    except EXPORT_REFUSALS as error:
+        log.error("export of %s refused: %s", settings.model_folder, error)
+        return {**result, "exit_code": 1, "error": str(error).splitlines()[0]}
+    except EXPORT_FAILURES as error:
+        log.error("export of %s failed: %s", settings.model_folder, error)
+        return {**result, "exit_code": 2, "error": str(error).splitlines()[0]}
+    return {**result, "exit_code": 0}

@@ -1,4 +1,4 @@
-"""Training curves from a metrics.jsonl (written by training.trainer) into one PNG, one panel per metric.
+"""Training curves from a metrics.jsonl (written by training.loop.trainer) into one PNG, one panel per metric.
 
 Training lines are plotted against the step; evaluation lines ("split": "eval") are drawn as markers,
 in the panel of the training metric with the same name when there is one, else in a panel of their own.

@@ -17,8 +17,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tasks.hf_layout import BERTH_MODEL_TYPES, mark_for_transformers
-from training.config import BertConfig
-from training.model import BertModel, BertPreTrainedModel
+from training.bert.config import BertConfig
+from training.bert.model import BertModel, BertPreTrainedModel
 
 M = TypeVar("M", bound=BertPreTrainedModel)
 

@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 from berth.cli import main
+from berth.sweep.grid import PRESETS, GridError, expand, parse_grid, size
+from berth.sweep.stats import best_cell_by_mean, cell_statistics, select_winner
 from tests.training.tiny_training import save_tiny_bert_folder
-from training.sweep_grid import PRESETS, GridError, expand, parse_grid, size
-from training.sweep_stats import best_cell_by_mean, cell_statistics, select_winner
+from training.finetuning.settings import FinetuneSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "data" / "samples" / "topics"
@@ -65,7 +66,7 @@ def uninterrupted(tiny_base, tmp_path_factory) -> Path:
 def test_grid_parsing_types_and_orders_the_cells():
     grid = parse_grid(["lr=5e-5,3e-5,2e-5", "batch_size=16,32", "epochs=2,3,4"])
     assert list(grid) == ["learning_rate", "batch_size", "epochs"] and size(grid) == 18
-    base = {"task": "classification", "train_file": "t.tsv", "out": "o"}
+    base = FinetuneSettings(task="classification", train_file="t.tsv", out="o")
     cells = expand(base, grid)
     assert len(cells) == 18
     assert cells[0] == {"learning_rate": 5e-5, "batch_size": 16, "epochs": 2.0}
@@ -99,7 +100,7 @@ def test_grid_refusals(items, message):
 
 
 def test_bad_values_are_refused_with_the_settings_message():
-    base = {"task": "classification", "train_file": "t.tsv", "out": "o"}
+    base = FinetuneSettings(task="classification", train_file="t.tsv", out="o")
     with pytest.raises(GridError, match="learning_rate=abc: learning_rate: Input should be a valid number"):
         expand(base, parse_grid(["lr=1e-4,abc"]))
     with pytest.raises(GridError, match="batch_size=0: batch_size: Input should be greater than 0"):
@@ -252,16 +253,16 @@ def test_sigkill_mid_sweep_then_the_same_command_finishes_every_trial_once(unint
 
 
 def test_a_failing_trial_is_recorded_and_the_sweep_goes_on(tmp_path, tiny_base, capsys, monkeypatch):
-    import training.finetune
+    import training.finetuning.finetune
 
-    real = training.finetune.run_finetune
+    real = training.finetuning.finetune.run_finetune
 
     def crash_on_one(settings):
         if settings.seed == 42 and settings.learning_rate == 1e-3:
             raise RuntimeError("out of memory (planted)")
         return real(settings)
 
-    monkeypatch.setattr(training.finetune, "run_finetune", crash_on_one)
+    monkeypatch.setattr(training.finetuning.finetune, "run_finetune", crash_on_one)
     out = tmp_path / "failing"
     code, document, _ = run_cli(capsys, sweep_args(tiny_base, out, "--grid", "lr=1e-3,1e9,5e-4"))
     record = json.loads((out / "sweep.json").read_text())
@@ -287,9 +288,10 @@ def test_a_spent_budget_stops_the_sweep_after_whole_trials(tmp_path, capsys, tin
 
 
 def test_restart_major_order_gives_every_cell_a_trial_first():
-    from training.sweep import SweepPlan
+    from berth.sweep.run import SweepPlan
 
-    plan = SweepPlan(base={"out": "o"}, grid={"learning_rate": [1, 2, 3]}, cells=[{}, {}, {}], seeds=[7, 8])
+    settings = FinetuneSettings(task="classification", train_file="t.tsv", out="o")
+    plan = SweepPlan(settings=settings, grid={"learning_rate": [1, 2, 3]}, cells=[{}, {}, {}], seeds=[7, 8])
     assert plan.order() == [(0, 7), (1, 7), (2, 7), (0, 8), (1, 8), (2, 8)]
 
 
@@ -309,7 +311,7 @@ def test_grid_and_restarts_from_a_config_file(tmp_path, capsys, tiny_base):
 
 
 def test_report_and_plot_of_a_sweep(uninterrupted, capsys):
-    from training.sweep_report import markdown
+    from berth.sweep.report import markdown
 
     record = json.loads((uninterrupted / "sweep.json").read_text())
     table = markdown(record)
@@ -342,8 +344,8 @@ def test_the_winner_exported_to_a_bundle(uninterrupted, capsys, tiny_base, tmp_p
 
 
 def test_best_of_seeds_is_a_one_cell_sweep(tmp_path, tiny_base):
-    from training.finetune import FinetuneSettings
-    from training.sweep import best_of_seeds
+    from berth.sweep.run import best_of_seeds
+    from training.finetuning.finetune import FinetuneSettings
 
     settings = FinetuneSettings(task="classification", train_file=SAMPLES / "train.jsonl",
                                 dev_file=SAMPLES / "dev.jsonl", out=tmp_path / "unused", base=str(tiny_base),

@@ -1,5 +1,5 @@
 """`berth evaluate`'s report as text for a terminal: the metrics, a table per label or entity type, the confusion
-matrix. The JSON report (training/evaluate.py) holds the same figures."""
+matrix. The JSON report (training/finetuning/evaluate.py) holds the same figures."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Hooks into the one training loop: what best-checkpoint keeping, early stopping and trackers plug into.
 
-The loop (training/trainer.py) knows nothing about tasks or metrics. It calls each callback with what it
+The loop (training/loop/trainer.py) knows nothing about tasks or metrics. It calls each callback with what it
 has (a metrics line, the results of an evaluation), asks whether to stop, and keeps each callback's
 `state_dict()` in its resumable training state, handing it back through `restore` when a run resumes.
 So a run killed mid-way resumes with its best-so-far and its patience counter, as if never stopped.
@@ -9,15 +9,17 @@ Every hook runs on rank 0 only (where evaluation runs); the loop shares `should_
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import shutil
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
-from training.training_state import load_training_state, save_training_state
+from training.loop.training_state import load_training_state, save_training_state
 
 _STEP_FOLDER = re.compile(r"^step-(\d+)$")
 
@@ -45,6 +47,24 @@ class TrainerCallback:
 
     def should_stop(self) -> bool:
         return False
+
+    def on_run_end(self, out: Path, step: int, metrics: dict[str, float]) -> None:
+        """The run's model is saved in `out`, its weights from optimizer step `step`, scored `metrics` on dev: the
+        last hook. The job that saves the model calls it (the loop ends before the model is saved)."""
+
+    def close(self) -> None:
+        """The run stopped before its model was saved (an error, an interrupt): let go of what is held open."""
+
+
+@contextlib.contextmanager
+def closed_on_failure(callbacks: Sequence[TrainerCallback]) -> Iterator[None]:
+    """Run the block; when it raises, every callback's `close` runs before the error goes on."""
+    try:
+        yield
+    except BaseException:
+        for callback in callbacks:
+            callback.close()
+        raise
 
 
 def greater_is_better(metric: str) -> bool:

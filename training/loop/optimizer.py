@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from training.settings import TrainSettings
+from training.loop.settings import TrainSettings
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """A sweep record (sweep.json) as Markdown: one row per cell (mean ± std over restarts, min, max, the best
 restart, failures), the winner, and the cell with the best mean. Generated, never typed.
 
-    python -m training.sweep_report OUT/sweep.json [--scale 100]
-    python -m training.sweep_report RECORD.json --into docs/RESULTS.md --block NAME  # rewrite one block
+    python -m berth.sweep.report OUT/sweep.json [--scale 100]
+    python -m berth.sweep.report RECORD.json --into docs/RESULTS.md --block NAME  # rewrite one block
 
 `--into` replaces the text between `<!-- generated:NAME -->` and `<!-- /generated:NAME -->` and nothing else.
 """
@@ -89,11 +89,17 @@ def main(argv: list[str] | None = None) -> int:
 def replace_block(path: Path, block: str, table: str) -> None:
     """Rewrite the text between `<!-- generated:BLOCK -->` and `<!-- /generated:BLOCK -->` in the file at `path`."""
     text = path.read_text(encoding="utf-8")
+    path.write_text(with_block(text, block, table, path), encoding="utf-8")
+
+
+def with_block(text: str, block: str, content: str, where: Path | str) -> str:
+    """`text` with `content` between its `<!-- generated:BLOCK -->` line and `<!-- /generated:BLOCK -->`;
+    SystemExit naming `where` when it has no such block."""
     name = re.escape(block)
     pattern = re.compile(rf"(<!-- generated:{name} -->\n).*?(<!-- /generated:{name} -->)", re.S)
     if not pattern.search(text):
-        raise SystemExit(f"{path}: no <!-- generated:{block} --> block")
-    path.write_text(pattern.sub(lambda m: m.group(1) + table + m.group(2), text), encoding="utf-8")
+        raise SystemExit(f"{where}: no <!-- generated:{block} --> block")
+    return pattern.sub(lambda m: m.group(1) + content + m.group(2), text)
 
 
 if __name__ == "__main__":

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from training.distributed import shard
-from training.settings import TrainSettings
+from training.loop.distributed import shard
+from training.loop.settings import TrainSettings
 
 
 def epoch_permutation(examples: int, seed: int, epoch: int) -> list[int]:

@@ -44,8 +44,8 @@ def evaluate_report(
     model's fine-tuning run read, else text, text_pair, label, id)."""
     from tasks.definition import TaskDefinition
     from tasks.registry import definition
-    from training import task_data
-    from training.finetune import FinetuneSettings
+    from training.finetuning import task_data
+    from training.finetuning.finetune import FinetuneSettings
 
     folder = Path(model_path)
     if (folder / MANIFEST_FILE).is_file():
@@ -149,9 +149,9 @@ def _torch_runner(folder: Path, device: str) -> tuple[TaskSpec, ItemRunner, Toke
 
     from tasks.registry import head_class
     from tasks.runtime.tokenizer import load_tokenizer
-    from training import model as models
-    from training.checkpoint import load_pretrained
-    from training.torch_runner import torch_item_runner
+    from training.bert import model as models
+    from training.bert.checkpoint import load_pretrained
+    from training.bert.torch_runner import torch_item_runner
 
     spec = TaskSpec.load(folder)
     model, _ = load_pretrained(getattr(models, head_class(spec)), folder)

@@ -1,6 +1,6 @@
 """`berth sweep --ray`: the trials of a sweep on a Ray cluster through Ray Tune.
 
-Each trial is the same `run_trial` as a local sweep's (training/sweep.py: one `run_finetune` call, its
+Each trial is the same `run_trial` as a local sweep's (berth/sweep/run.py: one `run_finetune` call, its
 trial.json written atomically), run inside a Tune trial on whichever node has the CPUs; the driver then
 reads the trial records back and writes sweep.json with the local code (winner, statistics, OUT/best).
 So the records and the winner are a local run's for the same seeds.
@@ -34,8 +34,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from training.callbacks import TrainerCallback, greater_is_better
-from training.sweep import (
+from berth.sweep.run import (
     RECORD_FILE,
     TRIAL_FILE,
     TRIALS_DIR,
@@ -51,6 +50,7 @@ from training.sweep import (
     summarize,
     trial_id,
 )
+from training.loop.callbacks import TrainerCallback, greater_is_better
 
 log = logging.getLogger("berth.sweep")
 
@@ -76,7 +76,7 @@ def _import_ray():
 
 def selection_metric(plan: SweepPlan) -> str | None:
     """The metric asked for (--metric, else --metric-for-best); None: the task's headline metric."""
-    return plan.metric or plan.base.get("metric_for_best")
+    return plan.metric or plan.settings.metric_for_best
 
 
 class TuneReport(TrainerCallback):
@@ -115,15 +115,15 @@ def _trainable(config: dict[str, Any], plan: SweepPlan, cwd: str) -> None:
     """One trial on a Ray worker: the local sweep's run_trial, with the evaluations reported to Tune."""
     from ray import tune
 
-    from training.finetune import run_finetune
+    from training.finetuning.finetune import run_finetune
 
     if os.path.isdir(cwd):
         os.chdir(cwd)  # the plan's relative paths are the driver's
     cell, seed = parse_trial_id(config["trial"])
     metric = selection_metric(plan)
-    runner = functools.partial(run_finetune, callbacks=[TuneReport(plan.base["task"], metric)])
+    runner = functools.partial(run_finetune, callbacks=[TuneReport(plan.settings.task, metric)])
     record = run_trial(plan, cell, seed, runner)  # trial.json is written before the last report
-    final = _objective(plan.base["task"], metric, record.get("dev_metrics") or {}) if record["status"] == "ok" else {}
+    final = _objective(plan.settings.task, metric, record.get("dev_metrics") or {}) if record["status"] == "ok" else {}
     tune.report({**final, "step": record.get("steps") or 0, "final": True, "trial_status": record["status"]})
 
 
@@ -150,7 +150,7 @@ def _asha(plan: SweepPlan, mode: str):
 
 def run_sweep_on_ray(plan: SweepPlan, address: str = "auto", asha: bool = False) -> dict[str, Any]:
     """Run every unfinished trial of `plan` on the Ray cluster at `address` ("auto": RAY_ADDRESS or the
-    cluster this node is in) and return the sweep record, as training.sweep.run_sweep does locally."""
+    cluster this node is in) and return the sweep record, as berth.sweep.run.run_sweep does locally."""
     ray, tune = _import_ray()
     open_sweep(plan)
     done = load_trials(plan)
@@ -164,7 +164,7 @@ def run_sweep_on_ray(plan: SweepPlan, address: str = "auto", asha: bool = False)
     mode = "max" if metric is None or greater_is_better(metric) else "min"
     results = []
     if todo:
-        cpus = float(plan.base.get("num_threads") or 1)
+        cpus = float(plan.settings.num_threads or 1)
         os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")  # a failed trial reports no metric
         # Tune and the workers' forwarded logs print to stdout; the command's stdout is its one JSON document.
         with contextlib.redirect_stdout(sys.stderr):

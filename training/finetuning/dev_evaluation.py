@@ -16,9 +16,9 @@ from torch import nn
 
 from tasks.registry import definition
 from tasks.runtime.spec import TaskSpec
-from training.callbacks import BestCheckpoint, EarlyStopping, TrainerCallback, greater_is_better
-from training.settings import FinetuneSettings
-from training.torch_runner import torch_item_runner
+from training.bert.torch_runner import torch_item_runner
+from training.finetuning.settings import FinetuneSettings
+from training.loop.callbacks import BestCheckpoint, EarlyStopping, TrainerCallback, greater_is_better
 
 PROBE_EXAMPLES = 8
 BEST_DIR = "best"  # under the training-state folder: the best evaluation's weights

@@ -1,9 +1,9 @@
 """The grid of a sweep: which fine-tuning settings vary, over which values, and the named grids.
 
 A grid maps setting names to lists of values; its cells are the cartesian product, in the order the
-keys and values were given. Keys are FinetuneSettings fields, or their short flag names (`lr`, `batch`).
-Every cell is validated as a whole FinetuneSettings before any training starts, so a wrong type or an
-out-of-range value is refused up front with the setting's own message.
+keys and values were given. Keys are FinetuneSettings fields, or their short names (`lr`, `batch`:
+berth.flags.SHORT_NAMES). Every cell is validated as a whole FinetuneSettings, once, before any training
+starts, so a wrong type or an out-of-range value is refused up front with the setting's own message.
 
 Named grids:
 - `paper`: the BERT paper's appendix A.3 recommendation: batch {16, 32} x lr {5e-5, 3e-5, 2e-5} x
@@ -26,7 +26,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from training.settings import FinetuneSettings
+from berth.flags import SHORT_NAMES
+from training.finetuning.settings import FinetuneSettings
 
 PRESETS: dict[str, dict[str, list]] = {
     "paper": {"learning_rate": [5e-5, 3e-5, 2e-5], "batch_size": [16, 32], "epochs": [2, 3, 4]},
@@ -34,13 +35,11 @@ PRESETS: dict[str, dict[str, list]] = {
     "small-bert": {"learning_rate": [3e-4, 1e-4, 5e-5, 3e-5], "batch_size": [8, 16, 32, 64, 128], "epochs": [4]},
 }
 
-# Short names, as the flags of `berth finetune` spell them.
-ALIASES = {"lr": "learning_rate", "batch": "batch_size", "bs": "batch_size", "grad_accum": "grad_accum_steps",
-           "threads": "num_threads", "max_length": "max_seq_length"}
-
+# How a trial runs, not what it computes: a continued sweep may change them.
+RUNTIME_ONLY = {"num_threads", "progress_bar", "device", "num_workers", "save_every_steps", "save_every_minutes",
+                "keep_last_states"}
 # Settings that are not hyperparameters of a trial: the sweep owns them (seed: --restarts).
-NOT_SWEPT = {"out", "seed", "resume", "task", "train_file", "dev_file", "progress_bar", "device", "num_threads",
-             "num_workers", "save_every_steps", "save_every_minutes", "keep_last_states"}
+NOT_SWEPT = {"out", "seed", "resume", "task", "train_file", "dev_file"} | RUNTIME_ONLY
 
 
 class GridError(ValueError):
@@ -48,7 +47,7 @@ class GridError(ValueError):
 
 
 def canonical_key(key: str) -> str:
-    name = ALIASES.get(key.strip().replace("-", "_"), key.strip().replace("-", "_"))
+    name = SHORT_NAMES.get(key.strip().replace("-", "_"), key.strip().replace("-", "_"))
     if name in NOT_SWEPT:
         hint = " (use --restarts for seeds)" if name == "seed" else ""
         raise GridError(f"grid key {key!r}: {name} is not swept{hint}")
@@ -94,15 +93,16 @@ def normalize_grid(grid: Mapping[str, Any]) -> dict[str, list]:
     return out
 
 
-def expand(base: Mapping[str, Any], grid: Mapping[str, list]) -> list[dict[str, Any]]:
-    """The grid's cells as {setting: typed value}, each validated as FinetuneSettings over `base` (the
-    run's other settings, as given). Raises GridError naming the first bad value."""
+def expand(base: FinetuneSettings, grid: Mapping[str, list]) -> list[dict[str, Any]]:
+    """The grid's cells as {setting: typed value}, each validated as FinetuneSettings with the other settings
+    of `base` as given. Raises GridError naming the first bad value."""
     keys = list(grid)
+    given = base.model_dump(exclude_unset=True)
     cells = []
     for values in itertools.product(*(grid[key] for key in keys)):
         raw = dict(zip(keys, values))
         try:
-            settings = FinetuneSettings(**{**base, **raw})
+            settings = FinetuneSettings(**{**given, **raw})
         except ValidationError as error:
             first = error.errors()[0]
             where = ".".join(str(part) for part in first["loc"]) or "settings"

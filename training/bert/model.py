@@ -1,7 +1,7 @@
 """The BERT encoder, the five fine-tuning shapes of the paper and its feature extractor, in PyTorch.
 
 Parameter names follow Hugging Face's `modeling_bert` exactly, so checkpoints move between the two
-with no renaming (see training/checkpoint.py).
+with no renaming (see training/bert/checkpoint.py).
 
 Shape letters: B batch, T sequence length, H hidden size, A attention heads, D = H / A head size,
 V vocabulary size, C number of labels or choices.
@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tasks.embedding import check_layers
-from training.config import BertConfig
+from training.bert.config import BertConfig
 
 ACTIVATIONS = {
     "gelu": lambda x: F.gelu(x),  # exact erf form, as BERT uses

@@ -22,8 +22,8 @@ import torch
 
 from tasks.registry import definition
 from tasks.runtime.spec import TaskSpec
-from training.model import DEFAULT_FEATURE_LAYERS, BertFeatureBasedTokenClassification
-from training.torch_runner import predict
+from training.bert.model import DEFAULT_FEATURE_LAYERS, BertFeatureBasedTokenClassification
+from training.bert.torch_runner import predict
 
 log = logging.getLogger("berth.finetune")
 

@@ -40,7 +40,7 @@ def plot_sweep(sweep_json: str | Path, png_path: str | Path) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from training.plot import read_metrics
+    from training.loop.plot import read_metrics
 
     sweep_json = Path(sweep_json)
     record = json.loads(sweep_json.read_text(encoding="utf-8"))

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.training import test_sweep
-from tests.training.test_sweep import GRID, ROOT, run_cli, sweep_args
+from tests.berth import test_sweep
+from tests.berth.test_sweep import GRID, ROOT, run_cli, sweep_args
 
 pytest.importorskip("ray.tune", reason="berth sweep --ray needs Ray Tune (pip install 'berth[ray]')")
 
