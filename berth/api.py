@@ -183,12 +183,11 @@ class Model:
         from functools import partial
 
         from service.errors import ServiceError
-        from service.inference import check_inputs
 
         served, limits = self._served, self._limits
         inputs = body.inputs if isinstance(body.inputs, list) else [body.inputs]
         try:
-            check_inputs(inputs, handler, limits)
+            handler.check_inputs(inputs, limits)
             handler.check_body(body, limits)
             prepared = handler.prepare(served, inputs, body)
             handler.check_prepared(served, prepared, body, limits)

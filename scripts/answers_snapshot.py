@@ -16,10 +16,12 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 LONG_REPEAT = 40  # a text repeated this often passes every test bundle's max_seq_length (windows, truncation)
+READY_WITHIN_S = 600
 OPENAI_BODY = {"input": ["A man is playing a guitar.", "Tim Cook visited Berlin."]}
 
 
@@ -53,6 +55,11 @@ def service_answers(repository: Path, names: list[str], routes: dict[str, dict[s
     settings = ServiceSettings(models=repository, device="cpu", intra_op_threads=2, max_inputs_per_request=64)
     out: dict[str, Any] = {}
     with TestClient(create_app(settings)) as client:
+        deadline = time.monotonic() + READY_WITHIN_S
+        while client.get("/readyz").status_code != 200:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the service was not ready within {READY_WITHIN_S} s")
+            time.sleep(0.5)
         for name in names:
             for path, examples in routes[name].items():
                 for i, body in enumerate(examples):

@@ -83,7 +83,7 @@ async def infer(request: Request, handler: TaskHandler, body: Any,
     model = runtime.resolve(body.model, handler.task)
     request.state.berth_model = model.name
     inputs = body.inputs if isinstance(body.inputs, list) else [body.inputs]
-    check_inputs(inputs, handler, runtime.settings)
+    handler.check_inputs(inputs, runtime.settings)
     handler.check_body(body, runtime.settings)
 
     timeout = runtime.settings.request_timeout_s
@@ -150,29 +150,6 @@ def _adapter(declared: type) -> TypeAdapter:
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.3f}"
-
-
-def check_inputs(inputs: list[Any], handler: TaskHandler, settings: ServiceSettings) -> None:
-    """The request limits (413) and what pydantic cannot say about the texts (422)."""
-    handler.check_count(inputs, settings)
-    total = 0
-    for index, raw in enumerate(inputs):
-        for field, text in handler.texts(raw):
-            where = handler.where(index, field, raw)
-            if not text.strip():
-                raise ServiceError(ErrorType.VALIDATION, f"{where}: empty or only whitespace")
-            if len(text) > settings.max_chars_per_input:
-                raise ServiceError(ErrorType.TOO_LARGE, f"{where}: {len(text)} characters; the limit is "
-                                   f"{settings.max_chars_per_input} (max_chars_per_input)")
-            total += len(text)
-            if total > settings.max_chars_per_request:
-                raise ServiceError(ErrorType.TOO_LARGE, f"inputs: more than {settings.max_chars_per_request} "
-                                   "characters in one request (max_chars_per_request); split it into several requests")
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError as error:
-                raise ServiceError(ErrorType.VALIDATION, f"{where}: not valid Unicode text (an unpaired surrogate "
-                                   f"at character {error.start})") from None
 
 
 class Reservation:
