@@ -179,7 +179,7 @@ class Model:
         return orjson.loads(orjson.dumps(shaped, option=orjson.OPT_SERIALIZE_NUMPY))
 
     def _answer(self, handler: Any, body: Any) -> list[Any]:
-        """The route's checks and its decode around the engine's prepare -> run -> decode."""
+        """The route's checks and prepare, then the engine runs every item and decodes them with the route's decode."""
         from functools import partial
 
         from service.errors import ServiceError

@@ -3,7 +3,7 @@ service's routes (the app in process), `berth.load` and `berth predict`. Run it 
 show a change kept the answers (it imports whichever tree is on PYTHONPATH):
 
     PYTHONPATH=. python scripts/answers_snapshot.py MODEL_REPOSITORY --out answers.json
-    python scripts/answers_snapshot.py --compare before.json after.json
+    python scripts/answers_snapshot.py --compare before.json after.json [--out record.json]
 
 An answer that is an error is recorded as its status and message. Rerank's response id (a fresh uuid) is left out.
 """
@@ -11,6 +11,7 @@ An answer that is an error is recorded as its status and message. Rerank's respo
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -130,27 +131,34 @@ def snapshot(repository: Path) -> dict[str, Any]:
             "berth predict": predict_answers(repository, names, tasks, routes)}
 
 
-def compare(before: dict[str, Any], after: dict[str, Any]) -> int:
-    """Print each caller's count of identical answers; 1 when any differs."""
-    differ = 0
+def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per caller: how many answers, and which differ."""
+    counts = {}
     for caller in before:
         keys = sorted(set(before[caller]) | set(after.get(caller, {})))
         changed = [key for key in keys if before[caller].get(key) != after.get(caller, {}).get(key)]
-        differ += len(changed)
+        counts[caller] = {"answers": len(keys), "identical": len(keys) - len(changed), "differ": changed}
         print(f"{caller}: {len(keys) - len(changed)}/{len(keys)} answers identical" +
               (f"; differ: {changed}" if changed else ""))
-    return 1 if differ else 0
+    return counts
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("repository", nargs="?", type=Path, help="a folder of bundles")
-    parser.add_argument("--out", type=Path, help="where to write the answers (JSON)")
+    parser.add_argument("--out", type=Path, help="where to write the answers (with --compare: the record) as JSON")
     parser.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"))
     args = parser.parse_args()
     if args.compare:
         before, after = (json.loads(path.read_text()) for path in args.compare)
-        return compare(before, after)
+        counts = compare(before, after)
+        if args.out:  # the record: the counts, the files' digests, the machine
+            from bench.machine import machine_facts
+
+            digests = {str(path): hashlib.sha256(path.read_bytes()).hexdigest() for path in args.compare}
+            args.out.write_text(json.dumps({"command": " ".join(sys.argv), "compared": counts, "sha256": digests,
+                                            "machine": machine_facts(2)}, indent=1) + "\n")
+        return 1 if any(c["differ"] for c in counts.values()) else 0
     if args.repository is None or args.out is None:
         parser.error("give a repository and --out, or --compare BEFORE AFTER")
     answers = snapshot(args.repository)
