@@ -95,10 +95,10 @@ def engine_ceiling(bundle: Path, texts: list[str], threads: int, batch_sizes: li
     side ("N x1", what berth predict and the service under load run)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from predict.run import Model
+    from tasks.engine import Engine
     from tasks.runtime.batching import pad_batch
 
-    models = {lanes: Model(bundle, threads, lanes=lanes) for lanes in sorted({1, threads})}
+    models = {lanes: Engine.load(bundle, threads=threads, lanes=lanes) for lanes in sorted({1, threads})}
     first = models[1]
     d = first.definition
     prepared = d.prepare_many(first.tokenizer, first.spec, texts, d.options())
@@ -110,7 +110,7 @@ def engine_ceiling(bundle: Path, texts: list[str], threads: int, batch_sizes: li
         for at in range(0, len(items), size):
             batch = items[at : at + size]
             padded = pad_batch(batch, pad_to=-(-max(len(x) for x in batch) // 8) * 8)
-            feeds_of[size].append({name: padded[name] for name in first.input_names})
+            feeds_of[size].append({node.name: padded[node.name] for node in first.sessions[0].get_inputs()})
     rates = {}
     for lanes, model in models.items():
         label = f"{threads}" if lanes == 1 else f"{lanes}x1"

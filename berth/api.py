@@ -7,11 +7,12 @@
     classify(["Great.", "Dull."], top_k=2)             # a list     -> one result per input, in order
 
 A `Model` runs the steps the service runs for the task's route (the route's own request model validates the
-inputs and options, the route's adapter (service/handlers.py) prepares them with the task layer, the items run
-in padded batches on ONNX Runtime (tasks/runtime/inference.py), and the adapter decodes them), without HTTP, a queue or
-torch. The answer is the route's JSON as Python values (lists, dicts, floats), so `model(x)` equals the
-`results` of `POST <route>` with `{"inputs": x}`. `Model.request(path, body)` answers any route of the model's
-task with the route's whole response body (e.g. `/v1/embeddings` in OpenAI's shape, `/v1/similarity`).
+inputs and options, the route's adapter (service/handlers.py) checks and prepares them with the task layer, and
+the bundle's engine (tasks/engine.py) runs the items in padded batches on ONNX Runtime and decodes them with the
+route's decode), without HTTP, a queue or torch. The answer is the route's JSON as Python values (lists, dicts,
+floats), so `model(x)` equals the `results` of `POST <route>` with `{"inputs": x}`. `Model.request(path, body)`
+answers any route of the model's task with the route's whole response body (e.g. `/v1/embeddings` in OpenAI's
+shape, `/v1/similarity`).
 
 The service's per-request limits (inputs per request, characters, tokens) do not apply: a list of any length
 is tokenized and run in batches. Caps on options (`max_answer_length_cap`, `max_masks_per_input`) are the
@@ -84,23 +85,14 @@ class Model:
         from service.handlers import HANDLERS
         from service.models import ServedModel
         from service.settings import ServiceSettings
-        from tasks.bundle_checks import load_bundle
-        from tasks.registry import definition
-        from tasks.runtime.bundle import MODEL_FILE, TOKENIZER_FILE
-        from tasks.runtime.cpu import usable_cpus
-        from tasks.runtime.onnx_session import create_session
-        from tasks.runtime.tokenizer import GilFreeTokenizer, load_tokenizer
+        from tasks.engine import Engine
 
-        bundle = load_bundle(folder, verify_hashes=verify)
-        spec = bundle.spec()
-        self.definition = definition(spec.task)
+        self.engine = Engine.load(folder, threads=threads, verify=verify)
+        self.definition = self.engine.definition
         if not self.definition.endpoints:
-            raise ValueError(f"{folder}: the {spec.task} task has no route to answer as")
-        self._served = ServedModel(bundle.path.name, bundle, spec, GilFreeTokenizer(
-            load_tokenizer(bundle.path / TOKENIZER_FILE)))
-        self.threads = threads or usable_cpus()
-        self.session, self.provider = create_session((bundle.path / MODEL_FILE).read_bytes(), bundle.precision,
-                                                     self.threads)
+            raise ValueError(f"{folder}: the {self.engine.spec.task} task has no route to answer as")
+        engine = self.engine
+        self._served = ServedModel(engine.bundle.path.name, engine.bundle, engine.spec, engine.tokenizer)
         self._handlers = {endpoint.path: HANDLERS[endpoint.path] for endpoint in self.definition.endpoints}
         # The route's checks of what an input is, without the per-request size limits (a list is run in batches)
         unbounded = 2**62
@@ -108,6 +100,21 @@ class Model:
                                        max_chars_per_request=unbounded, max_tokens_per_request=unbounded,
                                        max_items_per_request=unbounded, max_response_bytes=unbounded,
                                        max_inflight_response_bytes=unbounded)
+
+    @property
+    def threads(self) -> int:
+        """ONNX Runtime's intra-op threads."""
+        return self.engine.threads
+
+    @property
+    def provider(self) -> str:
+        """Where it runs: ONNX Runtime's CUDA or CPU execution provider."""
+        return self.engine.provider
+
+    @property
+    def session(self) -> Any:
+        """The ONNX Runtime session."""
+        return self.engine.sessions[0]
 
     # -- what it is -----------------------------------------------------------------------------------------
 
@@ -172,33 +179,22 @@ class Model:
         return orjson.loads(orjson.dumps(shaped, option=orjson.OPT_SERIALIZE_NUMPY))
 
     def _answer(self, handler: Any, body: Any) -> list[Any]:
-        """The route's steps: its checks, prepare, every item through ONNX Runtime in batches, decode."""
+        """The route's checks and prepare, then the engine runs every item and decodes them with the route's decode."""
+        from functools import partial
+
         from service.errors import ServiceError
-        from service.inference import check_inputs
-        from tasks.definition import per_input
-        from tasks.runtime.inference import PASS_OUTPUT_BYTES, BatchShape, run_items
-        from tasks.runtime.onnx_session import CUDA, onnx_runner, per_token_output_bytes
 
         served, limits = self._served, self._limits
         inputs = body.inputs if isinstance(body.inputs, list) else [body.inputs]
         try:
-            check_inputs(inputs, handler, limits)
+            handler.check_inputs(inputs, limits)
             handler.check_body(body, limits)
             prepared = handler.prepare(served, inputs, body)
             handler.check_prepared(served, prepared, body, limits)
         except ServiceError as error:
             raise RequestError(error.message, error.status, error.error_type.value) from None
-        keep = handler.keep(served, body)
-        d = self.definition
-        per_token_bytes = per_token_output_bytes(self.session, list(keep.names))
-        length = served.spec.max_seq_length
-        shape = BatchShape([length], max_batch_size=64, max_batch_tokens=64 * length, pad_multiple=8,
-                           pass_tokens=1024 if self.provider != CUDA else None,
-                           output_tokens=PASS_OUTPUT_BYTES // per_token_bytes if per_token_bytes else None)
-        items = [item for p in prepared for item in p.items]
-        kept = run_items(onnx_runner(self.session, list(keep.names)), items,
-                         True if d.per_token else set(d.token_outputs), shape, keep)
-        return handler.finish(served, prepared, per_input(prepared, kept), body)
+        return self.engine.answer(prepared, body, keep=handler.keep(served, body),
+                                  finish=partial(handler.finish, served, body=body))
 
 
 def _alias(handlers: Mapping[str, Any], path: str) -> str | None:
@@ -210,12 +206,12 @@ def _validated(handler: Any, body: Mapping[str, Any]) -> Any:
     """The body through the route's own request model: the route's defaults, and its 422 message."""
     from pydantic import ValidationError
 
-    from service.errors import _clean_validation_detail, validation_message
+    from service.errors import clean_validation_detail, validation_message
 
     try:
         return handler.request_model.model_validate(dict(body))
     except ValidationError as error:
-        raise RequestError(validation_message(_clean_validation_detail(list(error.errors()))), 422,
+        raise RequestError(validation_message(clean_validation_detail(list(error.errors()))), 422,
                            "validation") from None
 
 

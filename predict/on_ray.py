@@ -34,8 +34,9 @@ from ray.data.block import BlockMetadata
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from predict import io
-from predict.run import Columns, Job, Model, Predictor, Progress, errors_path, setup, summary, task_options
+from predict.run import Columns, Job, Predictor, Progress, errors_path, setup, summary, task_options
 from tasks.bundle_checks import load_bundle
+from tasks.engine import Engine
 from tasks.registry import definition
 
 
@@ -88,7 +89,8 @@ class WindowPredictor:
         self.folder = Path(tempfile.mkdtemp(prefix="berth-bundle-"))
         for name, data in files.items():
             (self.folder / name).write_bytes(data)
-        model = Model(self.folder, job["threads"])  # verifies the files' hashes against bundle.json
+        # verifies the files' hashes against bundle.json; one lane a thread on the CPU, as `berth predict`
+        model = Engine.load(self.folder, threads=job["threads"], lanes=0)
         options = task_options(model.definition, job["options"])
         self.predictor = Predictor(
             model,

@@ -1,13 +1,13 @@
 """The `berth predict` job: a bundle over an input file, a window of rows at a time, resumable.
 
 Per window (`window` rows, 4,096 by default): each row becomes the task's input (the columns the flags
-name), the inputs are prepared with the task definition's `prepare_many` (one `encode_batch` per chunk
-where the task encodes whole texts), their items are planned into batches with `plan_batches` (sorted by
-length over the whole window, padded to the longest item rounded up to 8, at most `pass_tokens` padded
-tokens a pass: the service's CPU policy) and run with `run_batch`, each item keeping what the task's
-`keep` asks for, and the results are the definition's `decode`: what the HTTP route answers. Reading and
-preparing the next window runs in a thread while the current one's forward passes run (Rust tokenization
-and ONNX Runtime both release the GIL).
+name), and the bundle's engine (tasks/engine.py, the steps the HTTP route runs) answers them: the inputs are
+prepared (one `encode_batch` per chunk where the task encodes whole texts), their items planned into batches
+(sorted by length over the whole window, padded to the longest item rounded up to 8, at most `pass_tokens`
+padded tokens a pass: the service's CPU policy) and run on its lanes, each item keeping what the task's `keep`
+asks for, and decoded. What is this module's own: rows and columns, refused rows, windows, parts and resume.
+Reading and preparing the next window runs in a thread while the current one's forward passes run (Rust
+tokenization and ONNX Runtime both release the GIL).
 
 A row is the task's input as its route takes it: a text (the text column), or an object whose fields are read
 from the columns of the same names (`--pair-column` names text_pair's; a list field's cell holds a list, or
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from itertools import islice
@@ -30,24 +30,10 @@ from typing import Any
 
 from predict import io, results
 from predict.parts import PartStore
-from tasks.bundle_checks import check_label_count, load_bundle
 from tasks.common import InputFailed
-from tasks.definition import Prepared, per_input
+from tasks.definition import Prepared
+from tasks.engine import Engine
 from tasks.registry import definition
-from tasks.runtime.bundle import MODEL_FILE, TOKENIZER_FILE
-from tasks.runtime.cpu import usable_cpus
-from tasks.runtime.inference import PASS_OUTPUT_BYTES, BatchShape, run_items
-from tasks.runtime.onnx_session import (
-    CPU,
-    CUDA,
-    MemoryPolicy,
-    choose_provider,
-    create_session,
-    onnx_runner,
-    per_token_output_bytes,
-    set_memory_policy,
-)
-from tasks.runtime.tokenizer import GilFreeTokenizer, load_tokenizer
 
 PREPARE_CHUNK = 256  # inputs prepared by one prepare_many call: a refused input costs at most a chunk's redo
 
@@ -95,39 +81,6 @@ class Job:
     id_column_given: bool = False  # the id column was named: a file without it is refused, not numbered
 
 
-class Model:
-    """A verified bundle: its spec, tokenizer, task definition and ONNX Runtime sessions, one a lane.
-
-    On the CPU, `lanes` single-threaded sessions (sharing one copy of the weights) run passes side by side by
-    default: independent one-thread passes keep every core busy, where one pass on all threads waits on its
-    slowest thread and spins between passes while the next window is tokenized (the service runs its passes
-    under load the same way). With one lane, one session on every thread."""
-
-    def __init__(self, folder: Path, threads: int = 0, lanes: int = 0):
-        self.bundle = load_bundle(folder, verify_hashes=True)
-        self.spec = self.bundle.spec()
-        self.definition = definition(self.spec.task)
-        self.tokenizer = GilFreeTokenizer(load_tokenizer(self.bundle.path / TOKENIZER_FILE))
-        self.threads = threads or usable_cpus()
-        cpu = choose_provider(self.bundle.precision) == CPU
-        self.lanes = max(1, min(lanes or (self.threads if cpu else 1), self.threads))
-        model_bytes = (self.bundle.path / MODEL_FILE).read_bytes()
-        if self.lanes > 1:
-            set_memory_policy(MemoryPolicy(share_weights=True))
-        self.sessions = []
-        for _ in range(self.lanes):
-            session, self.provider = create_session(model_bytes, self.bundle.precision, self.threads // self.lanes)
-            self.sessions.append(session)
-        del model_bytes
-        self.session = self.sessions[0]
-        self.input_names = [node.name for node in self.session.get_inputs()]
-        check_label_count(self.bundle, {o.name: list(o.shape) for o in self.session.get_outputs()},
-                          f"{folder} (model.onnx)")
-
-    def bytes_per_token(self, names: Sequence[str]) -> int:
-        """Bytes a padded token adds to the fetched per-token outputs."""
-        return per_token_output_bytes(self.session, names)
-
 @dataclass
 class Window:
     first_row: int
@@ -139,7 +92,7 @@ class Window:
 class Predictor:
     """A model with a task's options: rows -> prepared inputs (and refused rows) -> result rows."""
 
-    def __init__(self, model: Model, options: Any, columns: Columns, id_from_column: bool,
+    def __init__(self, model: Engine, options: Any, columns: Columns, id_from_column: bool,
                  max_batch_size: int = 64, pass_tokens: int = 1024, id_type: str = "string",
                  table_input: bool = False):
         self.model = model
@@ -149,20 +102,9 @@ class Predictor:
         self.options = options
         self.columns = columns
         self.id_from_column = id_from_column
-        self.keep = self.definition.keep(model.tokenizer, model.spec, options)
-        self.fetch = list(self.keep.names)
-        self.runs = [onnx_runner(session, self.fetch) for session in model.sessions]
-        self.lane_pool = ThreadPoolExecutor(len(self.runs), thread_name_prefix="berth-predict-lane") \
-            if len(self.runs) > 1 else None
-        per_token_bytes = model.bytes_per_token(self.fetch)
-        cpu = model.provider != CUDA
-        self.shape = BatchShape([model.spec.max_seq_length], max_batch_size=max_batch_size,
-                                max_batch_tokens=max(max_batch_size * model.spec.max_seq_length, 1),
-                                pad_multiple=8, pass_tokens=pass_tokens if cpu else None,
-                                output_tokens=PASS_OUTPUT_BYTES // per_token_bytes if per_token_bytes else None)
-        d = self.definition
-        self.per_token = True if d.per_token else set(d.token_outputs)
-        self.layout = results.layout(d, model.spec, options)
+        self.keep = model.keep(options)
+        self.shape = model.shape(self.keep.names, max_batch_size, pass_tokens)
+        self.layout = results.layout(self.definition, model.spec, options)
 
     # -- rows -> inputs ----------------------------------------------------------------------------------
 
@@ -228,12 +170,11 @@ class Predictor:
         done: list[Prepared | Exception] = []
         while inputs:
             try:
-                done += self.definition.prepare_many(self.model.tokenizer, self.model.spec, inputs, self.options)
+                done += self.model.prepare(inputs, self.options)
                 break
             except InputFailed as failed:
                 if failed.index:
-                    done += self.definition.prepare_many(self.model.tokenizer, self.model.spec,
-                                                         inputs[: failed.index], self.options)
+                    done += self.model.prepare(inputs[: failed.index], self.options)
                 done.append(failed.error)
                 inputs = inputs[failed.index + 1:]
             except Exception:  # noqa: BLE001 - not a task refusal: find the row one by one
@@ -280,29 +221,9 @@ class Predictor:
     # -- prepared -> results ---------------------------------------------------------------------------
 
     def results(self, prepared: list[Prepared]) -> list[Any]:
-        """The decoded results of prepared inputs: every item run in planned batches, each keeping what the
-        task's Keep makes of its rows, then the task's decode."""
-        kept = self.run_items([item for p in prepared for item in p.items])
-        return self.definition.decode(self.model.tokenizer, self.model.spec, prepared, per_input(prepared, kept),
-                                      self.options)
-
-    def run_items(self, items: list[Any]) -> list[Any]:
-        """Every item's kept rows, in order: with lanes, every lane-th item (the window is sorted by length in
-        each lane's plan, so padding stays as low as in one) runs on its own session, all lanes at once."""
-        if self.lane_pool is None:
-            return run_items(self.runs[0], items, self.per_token, self.shape, self.keep)
-        count = len(self.runs)
-        shares = [items[lane::count] for lane in range(count)]
-        running = [self.lane_pool.submit(run_items, run, share, self.per_token, self.shape, self.keep)
-                   for run, share in zip(self.runs, shares)]
-        kept: list[Any] = [None] * len(items)
-        for lane, future in enumerate(running):
-            kept[lane::count] = future.result()
-        return kept
-
-    def close(self) -> None:
-        if self.lane_pool is not None:
-            self.lane_pool.shutdown()
+        """The decoded results of prepared inputs: the engine runs every item in planned batches (on its lanes),
+        each keeping what the task's Keep makes of its rows, then the task's decode."""
+        return self.model.answer(prepared, self.options, self.keep, self.shape)
 
     def output_rows(self, window: Window) -> list[dict[str, Any]]:
         decoded = self.results([p for _, _, p in window.good]) if window.good else []
@@ -429,7 +350,7 @@ def errors_path(job: Job) -> Path:
 def predict(job: Job) -> dict[str, Any]:
     """Run the job to the end (resuming the finished parts of an earlier run of it); the summary."""
     started = time.monotonic()
-    model = Model(job.bundle, job.threads, job.lanes)
+    model = Engine.load(job.bundle, threads=job.threads, lanes=job.lanes)
     options = task_options(model.definition, job.options)
     plan = setup(job, model.bundle, options)
     reader, store = plan.reader, plan.store
@@ -454,7 +375,7 @@ def predict(job: Job) -> dict[str, Any]:
                 rows_done = window.first_row + window.rows
                 progress.update(rows_done)
     finally:
-        predictor.close()
+        model.close()
     progress.update(rows_done, final=True)
     store.finish(job.output, errors_path(job), plan.schema, job.keep_parts)
     return {**summary(job, store, resumed, rows_done, started), "task": model.definition.name,

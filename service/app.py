@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from service import request_trace
+from service import tracing
 from service.compat.errors import HF_PREFIX, TEI_PATHS, error_response_for
 from service.compat.hf import hf
 from service.compat.tei import tei
@@ -15,6 +15,7 @@ from service.errors import install_error_handlers
 from service.fastpath import FastPath
 from service.middleware import RequestGuard
 from service.playground import install_playground
+from service.request_trace import RequestTrace
 from service.routes import probes, v1, v2
 from service.runtime import Runtime
 from service.settings import ServiceSettings
@@ -61,5 +62,6 @@ def create_app(settings: ServiceSettings | None = None, runtime: Runtime | None 
                        body_read_timeout_s=settings.body_read_timeout_s, retry_after_s=settings.retry_after_s,
                        protected_prefixes=(HF_PREFIX,), protected_paths=TEI_PATHS,
                        error_response_for=error_response_for)
-    request_trace.install(app, access_log=settings.access_log)  # outermost: request ids, access log, tracing
+    tracing.setup_from_env()  # once per process; TracingError when the OTEL_* variables ask for the impossible
+    app.add_middleware(RequestTrace, access_log=settings.access_log)  # outermost: request ids, access log, tracing
     return app

@@ -67,7 +67,7 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
@@ -185,9 +185,9 @@ class Batcher:
     `compute_slots` is shared by the batchers of one process (batch_executor.py). Without `run_narrow`, one pass at
     a time."""
 
-    def __init__(self, model: str, run: Runner, policy: BatchPolicy, metrics: Metrics, per_token: bool,
-                 compute_slots: ComputeSlots | None = None, threads: int = 1, run_narrow: Runner | None = None,
-                 narrow_threads: int = 1, output_names: Sequence[str] = ()):
+    def __init__(self, model: str, run: Runner, policy: BatchPolicy, metrics: Metrics,
+                 per_token: bool | Collection[str], compute_slots: ComputeSlots | None = None, threads: int = 1,
+                 run_narrow: Runner | None = None, narrow_threads: int = 1, output_names: Sequence[str] = ()):
         self.model = model
         self.policy = policy
         self.executor = PassExecutor(model, run, policy, metrics, per_token, compute_slots or ComputeSlots(1),

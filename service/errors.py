@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from service import request_ids
 from service.batch_errors import BatcherError, Expired, ItemFailed, ItemTooLarge, NotAccepting, QueueFull
 
 log = logging.getLogger("berth.service")
@@ -101,7 +102,7 @@ def _is_union_tag(part: Any) -> bool:
     return isinstance(part, str) and ("[" in part or part[:1].isupper() or part in ("str", "int", "float", "bool"))
 
 
-def _clean_validation_detail(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def clean_validation_detail(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Pydantic's error list without the offending input values (they may be huge, or private) and
     without union member tags; the most specific (deepest) problem first."""
     cleaned = [{"loc": [p for p in e.get("loc", ()) if not _is_union_tag(p)], "msg": str(e.get("msg", "")),
@@ -126,7 +127,7 @@ def response_for(exc: Exception, request: Request) -> JSONResponse:
     if isinstance(exc, BatcherError):
         return error_response(from_batcher(exc))
     if isinstance(exc, RequestValidationError):
-        detail = _clean_validation_detail(list(exc.errors()))
+        detail = clean_validation_detail(list(exc.errors()))
         message = validation_message(detail)
         content_type = request.headers.get("content-type", "")
         if request.method == "POST" and "json" not in content_type:
@@ -160,5 +161,14 @@ def install_error_handlers(app: FastAPI) -> None:
     async def handle(request: Request, exc: Exception) -> JSONResponse:
         return response_for(exc, request)
 
-    for raised in (ServiceError, BatcherError, RequestValidationError, StarletteHTTPException, Exception):
+    async def handle_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        """Starlette's error middleware answers with it outside the request-id layer (service/request_trace.py),
+        which leaves the id set for it: the traceback is logged under it and the response carries it."""
+        response = response_for(exc, request)
+        if (request_id := request_ids.current()) is not None:
+            response.headers[request_ids.HEADER.decode("ascii")] = request_id
+        return response
+
+    for raised in (ServiceError, BatcherError, RequestValidationError, StarletteHTTPException):
         app.add_exception_handler(raised, handle)
+    app.add_exception_handler(Exception, handle_unexpected)

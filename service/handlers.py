@@ -97,6 +97,29 @@ class TaskHandler:
             raise ServiceError(ErrorType.TOO_LARGE, f"inputs: {len(inputs)} inputs in one request; the limit is "
                                f"{settings.max_inputs_per_request} (max_inputs_per_request)")
 
+    def check_inputs(self, inputs: list[Any], settings: Any) -> None:
+        """The request limits (413) and what pydantic cannot say about the texts (422)."""
+        self.check_count(inputs, settings)
+        total = 0
+        for index, raw in enumerate(inputs):
+            for field, text in self.texts(raw):
+                where = self.where(index, field, raw)
+                if not text.strip():
+                    raise ServiceError(ErrorType.VALIDATION, f"{where}: empty or only whitespace")
+                if len(text) > settings.max_chars_per_input:
+                    raise ServiceError(ErrorType.TOO_LARGE, f"{where}: {len(text)} characters; the limit is "
+                                       f"{settings.max_chars_per_input} (max_chars_per_input)")
+                total += len(text)
+                if total > settings.max_chars_per_request:
+                    raise ServiceError(ErrorType.TOO_LARGE, f"inputs: more than {settings.max_chars_per_request} "
+                                       "characters in one request (max_chars_per_request); split it into several "
+                                       "requests")
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError as error:
+                    raise ServiceError(ErrorType.VALIDATION, f"{where}: not valid Unicode text (an unpaired "
+                                       f"surrogate at character {error.start})") from None
+
     def item_limit(self, prepared: list[Prepared], settings: Any) -> tuple[int, str]:
         """The most model items (sequences, windows) this request may make, and the name of that limit."""
         return settings.max_items_per_request, "max_items_per_request"

@@ -5,6 +5,10 @@
     the model's batcher -> await them (or the timeout, or the client leaving) -> decode and JSON (orjson; both
     in the tokenizer thread when the request or its answer is large)
 
+The steps around the batcher are the bundle's engine's (tasks/engine.py: its items, and their decode), the
+ones `berth predict` and `berth.load` run; what is this module's own is HTTP: limits, budgets, timeouts,
+cancellation, timings and the response.
+
 What a request holds is bounded before any inference: each item keeps only what its task needs of its
 forward pass (tasks/runtime/inference.py `Keep`, reduced in the pass's worker thread), and the answer's JSON bytes,
 estimated by the task, must fit `max_response_bytes` (else 413) and, with every other request in progress,
@@ -39,7 +43,7 @@ from service.middleware import STARTED_AT
 from service.models import ServedModel
 from service.runtime import Runtime
 from service.settings import ServiceSettings
-from tasks.definition import per_input
+from tasks.engine import items_of
 
 log = logging.getLogger("berth.service.inference")
 
@@ -79,7 +83,7 @@ async def infer(request: Request, handler: TaskHandler, body: Any,
     model = runtime.resolve(body.model, handler.task)
     request.state.berth_model = model.name
     inputs = body.inputs if isinstance(body.inputs, list) else [body.inputs]
-    check_inputs(inputs, handler, runtime.settings)
+    handler.check_inputs(inputs, runtime.settings)
     handler.check_body(body, runtime.settings)
 
     timeout = runtime.settings.request_timeout_s
@@ -146,29 +150,6 @@ def _adapter(declared: type) -> TypeAdapter:
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.3f}"
-
-
-def check_inputs(inputs: list[Any], handler: TaskHandler, settings: ServiceSettings) -> None:
-    """The request limits (413) and what pydantic cannot say about the texts (422)."""
-    handler.check_count(inputs, settings)
-    total = 0
-    for index, raw in enumerate(inputs):
-        for field, text in handler.texts(raw):
-            where = handler.where(index, field, raw)
-            if not text.strip():
-                raise ServiceError(ErrorType.VALIDATION, f"{where}: empty or only whitespace")
-            if len(text) > settings.max_chars_per_input:
-                raise ServiceError(ErrorType.TOO_LARGE, f"{where}: {len(text)} characters; the limit is "
-                                   f"{settings.max_chars_per_input} (max_chars_per_input)")
-            total += len(text)
-            if total > settings.max_chars_per_request:
-                raise ServiceError(ErrorType.TOO_LARGE, f"inputs: more than {settings.max_chars_per_request} "
-                                   "characters in one request (max_chars_per_request); split it into several requests")
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError as error:
-                raise ServiceError(ErrorType.VALIDATION, f"{where}: not valid Unicode text (an unpaired surrogate "
-                                   f"at character {error.start})") from None
 
 
 class Reservation:
@@ -264,7 +245,7 @@ async def _compute(model: ServedModel, handler: TaskHandler, inputs: list[Any], 
         handler.check_prepared(model, prepared, body, settings)
         nbytes = handler.response_bytes(model, prepared, body)
         reserved.take(nbytes)
-        futures = arrival.submit([item for p in prepared for item in p.items], deadline, handler.keep(model, body))
+        futures = arrival.submit(items_of(prepared), deadline, handler.keep(model, body))
     if pool is None and nbytes > DECODE_IN_THREAD_BYTES:
         pool = runtime.tokenizer_pool
     runtime.metrics.request_inputs.labels(handler.route, model.name).inc(len(inputs))
@@ -282,9 +263,10 @@ async def _compute(model: ServedModel, handler: TaskHandler, inputs: list[Any], 
     timings.pad_s = sum({r.run_id: r.pad_seconds for r in item_results}.values())
     timings.wake_s = max(0.0, time.perf_counter() - max(r.finished_at for r in item_results))
 
-    outputs = per_input(prepared, [r.outputs for r in item_results])
+    kept = [r.outputs for r in item_results]
+    finish = functools.partial(handler.finish, model, body=body)
     begin = time.perf_counter()
-    results = await _maybe_in_thread(pool, lambda: handler.finish(model, prepared, outputs, body))
+    results = await _maybe_in_thread(pool, lambda: model.task_engine.decode(prepared, kept, body, finish))
     timings.decode_s = time.perf_counter() - begin
     timings.decode_at = begin
     if tracing.ACTIVE:

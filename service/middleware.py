@@ -172,7 +172,7 @@ class RequestGuard:
         return b"".join(chunks)
 
     def _record(self, scope: Scope, status: int, seconds: float) -> None:
-        route = getattr(scope.get("route"), "path", None) or _match_route(scope) or "unmatched"
+        route = getattr(scope.get("route"), "path", None) or match_route(scope) or "unmatched"
         if route == "/metrics":
             return
         state: dict[str, Any] = scope.get("state") or {}
@@ -186,7 +186,7 @@ class RequestGuard:
         children[1].observe(seconds)
 
 
-def _match_route(scope: Scope) -> str | None:
+def match_route(scope: Scope) -> str | None:
     """The route template of a request refused before routing (401, 408, 413, 429), so it is counted there:
     a path the app documents, `/models/{name}` for any name (labels stay bounded whatever clients send);
     None for any other path."""

@@ -9,6 +9,7 @@ CUDA when present and fit for the bundle's precision, else the CPU with the conf
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import math
@@ -29,6 +30,7 @@ from service.metrics import Metrics
 from service.settings import ServiceSettings
 from tasks.bundle_checks import check_label_count, load_bundle
 from tasks.definition import TaskDefinition
+from tasks.engine import Engine, pass_shape, token_rows
 from tasks.registry import definition
 from tasks.runtime.bundle import (
     MODEL_FILE,
@@ -117,6 +119,11 @@ class ServedModel:
     @property
     def task(self) -> str:
         return self.spec.task
+
+    @functools.cached_property
+    def task_engine(self) -> Engine:
+        """The bundle's engine without sessions: the steps before and after the batcher runs the items."""
+        return Engine(self.bundle, self.tokenizer)
 
     @property
     def definition(self) -> TaskDefinition:
@@ -266,24 +273,26 @@ def load_model(bundle: Bundle, settings: ServiceSettings, metrics: Metrics, intr
                               "(is onnxruntime-gpu installed, and a GPU visible?)")
     narrow_engine, narrow_threads = narrow(engine, bundle, model_bytes, settings, slots)
     del model_bytes
-    policy = BatchPolicy(
-        buckets=clip_buckets(settings.length_buckets, spec.max_seq_length),
+    cuda = engine.provider == CUDA
+    policy = pass_shape(
+        clip_buckets(settings.length_buckets, spec.max_seq_length), cuda=cuda,
         max_batch_size=settings.max_batch_size,
         max_batch_tokens=settings.max_batch_tokens,
+        pad_multiple=None if cuda else settings.pad_multiple,  # GPUs: few shapes; CPUs: few pads
+        pass_tokens=settings.cpu_pass_tokens,
+        bytes_per_token=engine.bytes_per_token(), output_bytes=settings.max_pass_output_bytes,
+        shape=BatchPolicy,
         max_wait_s=settings.max_wait_ms / 1000,
         max_queue_items=settings.max_queue_items,
         min_retry_after_s=settings.retry_after_s,
-        pad_multiple=None if engine.provider == CUDA else settings.pad_multiple,  # GPUs: few shapes; CPUs: few pads
         table=batch_table(settings.batch_table, name),
-        pass_tokens=None if engine.provider == CUDA else settings.cpu_pass_tokens or None,
-        output_tokens=settings.max_pass_output_bytes // engine.bytes_per_token() if engine.bytes_per_token() else None,
         max_consecutive_failures=settings.max_consecutive_failures,
         pipeline=settings.pipeline,
     )
     if spec.max_seq_length > settings.max_batch_tokens:
         raise RepositoryError(f"bundle {name}: max_seq_length {spec.max_seq_length} exceeds max_batch_tokens "
                               f"{settings.max_batch_tokens}; a full-length input could never run")
-    batcher = Batcher(name, engine, policy, metrics, per_token=definition(spec.task).per_token, compute_slots=slots,
+    batcher = Batcher(name, engine, policy, metrics, per_token=token_rows(definition(spec.task)), compute_slots=slots,
                       threads=threads, run_narrow=narrow_engine, narrow_threads=narrow_threads,
                       output_names=engine.output_names)
     model = ServedModel(name, bundle, spec, load_bundle_tokenizer(bundle, tokenizers), engine, batcher)

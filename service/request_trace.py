@@ -1,6 +1,8 @@
-"""The outermost ASGI layer: every request gets its id (service/request_ids.py), returned in `X-Request-ID` on
-every response (errors included) and carried by every log line written while it runs; with `access_log`, one
-line per request; with tracing on (service/tracing.py), the request's server span.
+"""The outermost middleware the app adds (`app.add_middleware(RequestTrace, ...)`, last): every request gets its id
+(service/request_ids.py), returned in `X-Request-ID` on every response (errors included: an unexpected 500, which
+Starlette's error middleware answers outside, through the app's handler) and carried by every log line written
+while it runs; with `access_log`, one line per request; with tracing on (service/tracing.py), the request's server
+span.
 
 The access log line (logger `berth.access`, INFO) holds what a request was, never what it said: method, route
 template, model, status, inputs and model items, tokens, tokenize / queue / inference seconds where the request
@@ -17,7 +19,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import request_ids, tracing
-from service.middleware import _match_route
+from service.middleware import match_route
 
 access = logging.getLogger("berth.access")
 
@@ -44,16 +46,21 @@ class RequestTrace:
 
         started = time.perf_counter() if self.access_log or tracing.ACTIVE else 0.0
         span = tracing.start_request(scope, started, request_id) if tracing.ACTIVE else None
+        answered = False
         try:
             await self.app(scope, receive, send_with_id)
+            answered = True
         finally:
             if started:
                 self._finish(scope, span, started, status[0], refused)
-            request_ids.REQUEST_ID.reset(token)
+            # An unexpected error is answered by Starlette's error middleware, outside every added one: the id stays
+            # set (in this request's own context) for its handler, which logs the traceback and returns the id
+            if answered:
+                request_ids.REQUEST_ID.reset(token)
 
     def _finish(self, scope: Scope, span: Any, started: float, status: int, refused: bool) -> None:
         ended = time.perf_counter()
-        route = getattr(scope.get("route"), "path", None) or _match_route(scope)
+        route = getattr(scope.get("route"), "path", None) or match_route(scope)
         fields = request_fields(scope)
         if span is not None:
             tracing.end_request(span[0], span[1], ended, route, status, fields)
@@ -75,15 +82,3 @@ def request_fields(scope: Scope) -> dict[str, Any]:
                       tokenize_seconds=round(timings.tokenize_s, 6), queue_seconds=round(timings.queue_s, 6),
                       inference_seconds=round(timings.inference_s, 6))
     return fields
-
-
-def install(app: Any, access_log: bool) -> None:
-    """Wrap the whole of `app`'s middleware stack (Starlette's error middleware included, so a 500 it answers
-    carries the id too) in RequestTrace."""
-    tracing.setup_from_env()  # once per process; TracingError when the OTEL_* variables ask for the impossible
-    build = app.build_middleware_stack
-
-    def build_with_trace() -> ASGIApp:
-        return RequestTrace(build(), access_log=access_log)
-
-    app.build_middleware_stack = build_with_trace

@@ -12,7 +12,7 @@ evaluation, fine-tuning and the parity gate all go through it, so what is evalua
     input --prepare--> items --run (any runner)--> per-item outputs --decode--> results --score--> metrics
 
 Each task module (`tasks/ner.py`, `tasks/qa.py`, ...) defines its own and `tasks/registry.py` lists
-them: adding a task is one module here plus its head in `training/model.py`.
+them: adding a task is one module here plus its head in `training/bert/model.py`.
 
 How a task is served over HTTP is data here too (`Endpoint`: paths, request and response shapes, the inputs'
 fields) and hooks that refuse what the task cannot take (`check_options`, `check_input`, `check_prepared`,
@@ -165,7 +165,7 @@ def truncation_fields(result: dict[str, Any]) -> dict[str, Any]:
 
 class TaskDefinition:
     name: ClassVar[str]
-    head_class: ClassVar[str]  # the model class of training/model.py that fine-tunes it
+    head_class: ClassVar[str]  # the model class of training/bert/model.py that fine-tunes it
     output_names: ClassVar[tuple[str, ...]]
     per_token: ClassVar[bool] = False  # outputs (B, T, ...) trimmed per item to its tokens
     token_outputs: ClassVar[tuple[str, ...]] = ()  # outputs with a row per token although per_token is False
@@ -179,7 +179,7 @@ class TaskDefinition:
     metric_examples: ClassVar[int | None] = None  # dev examples of the parity metric gate; None: no metric
     agreement: ClassVar[str] = "same predicted label(s)"  # what parity_answer compares, for the report
     # Fine-tuning (training/): what `berth finetune --task <name>` looks up.
-    training_adapter: ClassVar[str | None] = None  # its data adapter class in training/task_data.py; None: none
+    training_adapter: ClassVar[str | None] = None  # its data adapter class in training/finetuning/task_data.py; None: none
     finetune_max_seq_length: ClassVar[int] = 128  # fine-tuning's default tokens per sequence
     finetune_doc_stride: ClassVar[int | None] = None  # default overlap of windows; None: a quarter of the length
     pools: ClassVar[bool] = False  # its head pools the sequence into one vector (fine-tuning's --pooling applies)

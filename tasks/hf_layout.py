@@ -17,7 +17,7 @@ from pathlib import Path
 
 MEAN_POOLED_TYPE = "berth_mean_pooled_bert"
 FEATURE_BASED_TYPE = "berth_feature_based_bert"
-BERTH_MODEL_TYPES = (MEAN_POOLED_TYPE, FEATURE_BASED_TYPE)  # what training.checkpoint reads besides "bert"
+BERTH_MODEL_TYPES = (MEAN_POOLED_TYPE, FEATURE_BASED_TYPE)  # what training.bert.checkpoint reads besides "bert"
 CODE_FILE = "berth_modeling.py"
 
 # Copied into a mean-pooled head's folder; transformers imports it there, berth never does.
@@ -104,7 +104,7 @@ def loading_instructions(folder: Path, name: str | None = None) -> str:
                 "[CLS] pooler this head does not have, and would give other answers.")
     if model_type == FEATURE_BASED_TYPE:
         return ("transformers has no class for this head (a BiLSTM tagger over the frozen encoder's last four "
-                "layers) and refuses the folder; load it with berth (`training.checkpoint.load_pretrained`) or "
+                "layers) and refuses the folder; load it with berth (`training.bert.checkpoint.load_pretrained`) or "
                 "serve its bundle.")
     architecture = (config.get("architectures") or ["BertModel"])[0]
     return (f"In transformers it is the same model: `{architecture}.from_pretrained(\"{name}\")` (or the "

@@ -1,7 +1,7 @@
 """Every task definition, by task name: the one lookup the service, training, export and evaluation use.
 
 A new task is a module of the task layer defining `DEFINITIONS` (its `TaskDefinition`s), imported and listed
-here, plus its head in training/model.py.
+here, plus its head in training/bert/model.py.
 """
 
 from __future__ import annotations
@@ -27,6 +27,6 @@ def definition(task: str) -> TaskDefinition:
 
 
 def head_class(spec: TaskSpec) -> str:
-    """The model class of training/model.py that `spec` is a model of: the task's, unless the spec names its own
+    """The model class of training/bert/model.py that `spec` is a model of: the task's, unless the spec names its own
     (feature-based NER's)."""
     return spec.extra.get("head_class") or definition(spec.task).head_class

@@ -50,6 +50,8 @@ def test_the_runtime_floor_contract_names_every_module_above_it():
     ("training/finetuning/finetune.py", "import berth.sweep.grid", "finetuning-room"),
     ("training/loop/trainer.py", "import training.pretraining.run", "loop-knows-no-job"),
     ("training/bert/model.py", "import training.finetuning.task_data", "loop-knows-no-job"),
+    ("predict/run.py", "from tasks.runtime.inference import run_items", "one-engine"),
+    ("berth/api.py", "from tasks.runtime.onnx_session import create_session", "one-engine"),
 ])
 def test_a_planted_import_breaks_its_contract(tmp_path, module, planted, contract):
     """Each room's contract fails on an import it forbids, planted in a copy of the tree."""

@@ -46,7 +46,7 @@ from service.compat.shared import (
 )
 from service.errors import ErrorType, ServiceError, response_for
 from service.handlers import RankingHandler, TaskHandler, handler_for
-from service.inference import Reservation, check_inputs, check_response, infer
+from service.inference import Reservation, check_response, infer
 from service.models import ServedModel
 from service.runtime import Runtime
 from service.schemas import TEI_ERROR_RESPONSES
@@ -402,7 +402,7 @@ async def tei_tokenize(body: TokenizeBody, request: Request) -> Response:
     request.state.berth_model = model.name
     refuse_prompt_name(body.prompt_name)
     texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
-    check_inputs(texts, TEXTS, runtime.settings)
+    TEXTS.check_inputs(texts, runtime.settings)
     chars = sum(map(len, texts))
     encodings = await off_the_loop(runtime, chars,
                                    lambda: model.tokenizer.encode_batch(texts, add_special_tokens=False))

@@ -5,7 +5,7 @@ best feature-based configuration) are computed ONCE per training sentence, with 
 length-sorted batches, and cached in memory (float16 when the cache would be large). The one
 training loop then trains only the BiLSTM + linear tag head over the cache, for as many epochs as
 asked. Labels, word-to-subword alignment and the dev metric (conlleval entity F1) are fine-tuned
-NER's (training/task_data.NERAdapter); the saved folder is a normal fine-tuned NER folder whose
+NER's (training/finetuning/task_data.NERAdapter); the saved folder is a normal fine-tuned NER folder whose
 model runs encoder + head (what `berth evaluate` scores and `berth export` exports).
 """
 
