@@ -179,7 +179,7 @@ class TaskDefinition:
     metric_examples: ClassVar[int | None] = None  # dev examples of the parity metric gate; None: no metric
     agreement: ClassVar[str] = "same predicted label(s)"  # what parity_answer compares, for the report
     # Fine-tuning (training/): what `berth finetune --task <name>` looks up.
-    training_adapter: ClassVar[str | None] = None  # its data adapter class in training/finetuning/task_data.py; None: none
+    training_adapter: ClassVar[str | None] = None  # adapter class in training/finetuning/task_data.py, or None
     finetune_max_seq_length: ClassVar[int] = 128  # fine-tuning's default tokens per sequence
     finetune_doc_stride: ClassVar[int | None] = None  # default overlap of windows; None: a quarter of the length
     pools: ClassVar[bool] = False  # its head pools the sequence into one vector (fine-tuning's --pooling applies)
