@@ -2,10 +2,11 @@
 paragraphs of its article): the embeddings model against trained rerank model folders, with standard errors.
 
 Per model folder: its dev MRR@10 and top-1 with the standard error of MRR@10, and its MRR@10 minus the
-embeddings model's with the paired standard error (same questions), from the folder's own dev evaluation
-(`dev_outputs.npz`, reused when it holds these weights' outputs on these inputs, else computed), and what it
-trained on (examples seen, examples/s, minutes, threads, precision; finetune_run.json). The embeddings model is
-the build's first stage, exported from the embedded base. Usage, from the repository root:
+embeddings model's with the paired standard error (same questions), and the same against the first folder
+given, from the folder's own dev evaluation (`dev_outputs.npz`, reused when it holds these weights' outputs on
+these inputs, else computed and kept there), and what it trained on (examples seen, examples/s, minutes,
+threads, precision; finetune_run.json). The embeddings model is the build's first stage, exported from the
+embedded base. Usage, from the repository root:
 
     .venv/bin/python -m bench.rerank_dev runs/e54/before runs/e54/hard --out bench/results/rerank_dev.json
 """
@@ -37,10 +38,14 @@ def reranker_rankings(folder: Path, examples: list) -> list[list[int]]:
 
     model, spec, _ = load_finetuned(folder)
     model.eval()
-    run = output_cache.Reusing(torch_item_runner(model, f"{folder.name}: dev"), model, folder / output_cache.CACHE_FILE)
+    cache = folder / output_cache.CACHE_FILE
+    run = output_cache.Reusing(torch_item_runner(model, f"{folder.name}: dev"), model, cache)
+    recorded = output_cache.Recorder(run)
     task = definition("rerank")
-    results = task.predict(load_tokenizer(folder), spec, [task.served_input(e) for e in examples], run,
+    results = task.predict(load_tokenizer(folder), spec, [task.served_input(e) for e in examples], recorded,
                            RerankOptions())
+    if not run.reused:  # kept, so that the next comparison of this folder on these questions reuses them
+        recorded.save(cache, model)
     return [[entry["index"] for entry in ranked] for ranked in results]
 
 
