@@ -21,23 +21,20 @@ import tempfile
 from pathlib import Path
 
 from bench.machine import machine_facts
+from bench.recipe_points import fixed_step_settings
 from berth.build_defaults import SAMPLE_RECIPES
-from tasks.shipped_samples import SAMPLES
 
 HELD_TO = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "BERTH_CPU_BF16")
 
 
 def recipe_speed(precision: str, steps: int, threads: int) -> dict:
-    from training.finetuning.finetune import FinetuneSettings, run_finetune
+    from training.finetuning.finetune import run_finetune
 
     rows = {}
     with tempfile.TemporaryDirectory() as work:
         for recipe in SAMPLE_RECIPES:
-            options = {k: v for k, v in recipe.options.items() if k not in ("max_minutes", "min_steps",
-                                                                             "max_eval_examples")}
-            settings = FinetuneSettings(task=recipe.task, train_file=SAMPLES / recipe.train,
-                                        out=Path(work) / recipe.name, num_threads=threads, precision=precision,
-                                        max_steps=steps, progress_bar=False, **options)
+            settings = fixed_step_settings(recipe, steps, Path(work) / recipe.name, threads, dev=False,
+                                           precision=precision)
             run_finetune(settings)
             run = json.loads((settings.out / "finetune_run.json").read_text(encoding="utf-8"))
             per_step = run["train_result"]["elapsed_s"] / run["train_result"]["steps"]

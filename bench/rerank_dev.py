@@ -2,10 +2,11 @@
 paragraphs of its article): the embeddings model against trained rerank model folders, with standard errors.
 
 Per model folder: its dev MRR@10 and top-1 with the standard error of MRR@10, and its MRR@10 minus the
-embeddings model's with the paired standard error (same questions), from the folder's own dev evaluation
-(`dev_outputs.npz`, reused when it holds these weights' outputs on these inputs, else computed), and what it
-trained on (examples seen, examples/s, minutes, threads, precision; finetune_run.json). The embeddings model is
-the build's first stage, exported from the embedded base. Usage, from the repository root:
+embeddings model's with the paired standard error (same questions), and the same against the first folder
+given, from the folder's own dev evaluation (`dev_outputs.npz`, reused when it holds these weights' outputs on
+these inputs, else computed and kept there), and what it trained on (examples seen, examples/s, minutes,
+threads, precision; finetune_run.json). The embeddings model is the build's first stage, exported from the
+embedded base. Usage, from the repository root:
 
     .venv/bin/python -m bench.rerank_dev runs/e54/before runs/e54/hard --out bench/results/rerank_dev.json
 """
@@ -37,10 +38,14 @@ def reranker_rankings(folder: Path, examples: list) -> list[list[int]]:
 
     model, spec, _ = load_finetuned(folder)
     model.eval()
-    run = output_cache.Reusing(torch_item_runner(model, f"{folder.name}: dev"), model, folder / output_cache.CACHE_FILE)
+    cache = folder / output_cache.CACHE_FILE
+    run = output_cache.Reusing(torch_item_runner(model, f"{folder.name}: dev"), model, cache)
+    recorded = output_cache.Recorder(run)
     task = definition("rerank")
-    results = task.predict(load_tokenizer(folder), spec, [task.served_input(e) for e in examples], run,
+    results = task.predict(load_tokenizer(folder), spec, [task.served_input(e) for e in examples], recorded,
                            RerankOptions())
+    if not run.reused:  # kept, so that the next comparison of this folder on these questions reuses them
+        recorded.save(cache, model)
     return [[entry["index"] for entry in ranked] for ranked in results]
 
 
@@ -75,6 +80,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         first_stage, _ = embedding_rankings(bundle, examples, args.threads or None)
     rows = {"embeddings (bi-encoder)": {**ranking_metrics(first_stage, relevant),
                                         "mrr_at_10_se": mrr_standard_error(first_stage, relevant)}}
+    first_model: tuple[str, list, float] | None = None  # the first folder's name, rankings and MRR@10
     for folder in args.models:
         rankings = reranker_rankings(folder, examples)
         metrics = ranking_metrics(rankings, relevant)
@@ -82,6 +88,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                              "minus_embeddings": metrics["mrr_at_10"] - rows["embeddings (bi-encoder)"]["mrr_at_10"],
                              "minus_embeddings_se": mrr_standard_error(rankings, relevant, first_stage),
                              **training_facts(folder)}
+        if first_model is None:
+            first_model = (folder.name, rankings, metrics["mrr_at_10"])
+        else:
+            rows[folder.name].update({"against": first_model[0], "minus_against": metrics["mrr_at_10"] - first_model[2],
+                                      "minus_against_se": mrr_standard_error(rankings, relevant, first_model[1])})
     result = {"dev": str(args.dev), "questions": len(examples), "rankers": rows, "machine": machine_facts(
         args.threads or None)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -93,16 +104,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 def markdown(result: dict[str, Any]) -> str:
     lines = [f"{result['questions']} questions, 5 candidates each ({result['dev']})", "",
              "| ranker | trained on | examples seen (examples/s, threads) | MRR@10 (± s.e.) | minus the embeddings "
-             "model's (± paired s.e.) | top-1 |", "|---|---|---|---|---|---|"]
+             "model's (± paired s.e.) | minus the first model's (± paired s.e.) | top-1 |",
+             "|---|---|---|---|---|---|---|"]
     for name, row in result["rankers"].items():
-        trained = (f"`{Path(row['train_file']).name}` from {'the base' if row['base'] == 'default' else row['base']}"
+        data = Path(row["train_file"]) if "train_file" in row else Path()
+        trained = (f"`{data.parent.name}/{data.name}` from {'the base' if row['base'] == 'default' else row['base']}"
                    if "train_file" in row else "—")
         seen = (f"{row['examples_seen']:,} ({row['examples_per_s']:g}/s, {row['threads']})" if "train_file" in row
                 else "—")
         gain = (f"{row['minus_embeddings']:+.3f} (± {row['minus_embeddings_se']:.3f})" if "minus_embeddings" in row
                 else "")
+        against = (f"{row['minus_against']:+.3f} (± {row['minus_against_se']:.3f}) against {row['against']}"
+                   if "against" in row else "")
         lines.append(f"| {name} | {trained} | {seen} | {row['mrr_at_10']:.3f} (± {row['mrr_at_10_se']:.3f}) | {gain} "
-                     f"| {row['top1']:.3f} |")
+                     f"| {against} | {row['top1']:.3f} |")
     return "\n".join(lines)
 
 
