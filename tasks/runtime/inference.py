@@ -1,6 +1,6 @@
 """The one inference path: model items -> batches by length -> padded forward passes -> each item's rows.
 
-Training's dev metrics (`training/torch_runner.py`, a PyTorch runner), the parity gate and the service's
+Training's dev metrics (`training/bert/torch_runner.py`, a PyTorch runner), the parity gate and the service's
 batcher (an ONNX Runtime runner behind its queue) all run items through these functions, so what is
 evaluated is what is served. A *batch* is what one forward pass sees.
 
@@ -14,7 +14,7 @@ evaluated is what is served. A *batch* is what one forward pass sees.
 Two kinds of runner, both torch-free types:
     Runner       one padded forward pass: int64 feeds -> float arrays by output name (ONNX Runtime:
                  tasks/runtime/onnx_session.onnx_runner, which the service's batcher runs; PyTorch:
-                 training/torch_runner.torch_runner)
+                 training/bert/torch_runner.torch_runner)
     ItemRunner   model items -> each item's rows, batched here (`item_runner` makes one of a Runner): what
                  the task definitions evaluate and predict with (onnx_item_runner, torch_item_runner)
 """

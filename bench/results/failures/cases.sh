@@ -6,7 +6,7 @@
 #   bench/results/failures/cases.sh "$PWD" after > bench/results/failures/cases-after.txt
 # (the full-disk case is a real write failing under `ulimit -f` with SIGXFSZ ignored).
 tree=$1; label=$2; C=/tmp/e51/cases; O=/tmp/e51/cases/out-$label; rm -rf $O; mkdir -p $O
-S=$(dirname "$0")/../../../data/samples
+R=$(cd "$(dirname "$0")/../../.." && pwd); S=$R/data/samples; PY=${PYTHON:-$R/.venv/bin/python}  # PYTHON: another interpreter
 if [ ! -f $C/good.jsonl ]; then  # the inputs: slices of the shipped samples with one bad row each
   mkdir -p $C/notes && echo hello > $C/notes/readme.txt
   head -24 $S/topics/train.jsonl > $C/good.jsonl
@@ -38,7 +38,7 @@ fi
 common="--max-steps 4 --batch-size 4 --max-seq-length 32 --threads 1 --precision fp32 --no-progress-bar"
 run() {  # name, args...
   name=$1; shift
-  ( cd $tree && PYTHONPATH=$tree timeout 900 /work/main/.venv/bin/python -m berth.cli "$@" ) > $O/$name.out 2> $O/$name.err
+  ( cd $tree && PYTHONPATH=$tree timeout 900 "$PY" -m berth.cli "$@" ) > $O/$name.out 2> $O/$name.err
   rc=$?
   echo "### $name"; echo "berth $*" | sed "s|$C/||g"; echo "exit $rc: $(tail -1 $O/$name.err)"
 }
@@ -56,4 +56,4 @@ run lr_1e6 finetune --task classification --train $C/good.jsonl --out $O/m11 $co
 echo "    files in m11: $(ls $O/m11 | tr '\n' ' ')"
 run good finetune --task classification --train $C/good.jsonl --out $O/m12 $common
 ( trap '' XFSZ; ulimit -f 65536; run full_disk finetune --task classification --train $C/good.jsonl --out $O/m12 $common --seed 7 )
-echo "    m12 still loads: $(cd /work/wt-e51 && PYTHONPATH=/work/wt-e51 /work/main/.venv/bin/python -c "from training.checkpoint import load_pretrained; from training.model import BertForSequenceClassification as B; print(load_pretrained(B, '$O/m12')[1])" 2>&1 | tail -1)"
+echo "    m12 still loads: $(cd "$R" && PYTHONPATH="$R" "$PY" -c "from training.bert.checkpoint import load_pretrained; from training.bert.model import BertForSequenceClassification as B; print(load_pretrained(B, '$O/m12')[1])" 2>&1 | tail -1)"
