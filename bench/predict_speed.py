@@ -286,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--bundle", type=Path, required=True)
     parser.add_argument("--data", choices=["sst2", "sst2-dev", "conll"], default="sst2")
-    parser.add_argument("--rows", type=int, default=0, help="the first N rows (0: all of SST-2's train set; sst2-dev and conll: cycled to N)")
+    parser.add_argument("--rows", type=int, default=0,
+                        help="the first N rows (0: all of SST-2's train set; sst2-dev and conll: cycled to N)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
         "--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[8, 16, 32, 64]
