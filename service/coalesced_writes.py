@@ -20,7 +20,8 @@ _HEAD_END = b"\r\n\r\n"
 
 
 class CoalescedWrites:
-    """Wraps an asyncio transport; everything but writing, closing and the buffer size is the transport's own."""
+    """Wraps an asyncio transport; everything but writing, closing and the buffer size is the transport's own
+    (a websocket upgrade's protocol writes through it too: `writelines` sends a held head first)."""
 
     __slots__ = ("_transport", "_loop", "_held")
 
@@ -34,7 +35,7 @@ class CoalescedWrites:
         if held is not None:
             self._held = None
             self._transport.write(held + data)
-        elif data.startswith(_HEAD_START) and data.endswith(_HEAD_END):
+        elif isinstance(data, bytes) and data.startswith(_HEAD_START) and data.endswith(_HEAD_END):
             self._held = bytes(data)
             self._loop.call_soon(self._flush)
         else:
@@ -44,6 +45,10 @@ class CoalescedWrites:
         held, self._held = self._held, None
         if held is not None and not self._transport.is_closing():
             self._transport.write(held)
+
+    def writelines(self, chunks: Any) -> None:
+        self._flush()
+        self._transport.writelines(chunks)
 
     def close(self) -> None:
         self._flush()

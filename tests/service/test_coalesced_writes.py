@@ -81,3 +81,13 @@ def test_close_sends_a_held_head_first_and_other_bytes_are_not_held():
     received, writes = asyncio.run(_connected(answer))
     assert received == b"not a head" + HEAD
     assert writes == [len(b"not a head"), len(HEAD)]
+
+
+def test_writelines_sends_a_held_head_first():
+    def answer(transport, loop):
+        transport.write(HEAD)
+        transport.writelines([b"a", b"b"])
+        transport.close()
+
+    received, _ = asyncio.run(_connected(answer))
+    assert received == HEAD + b"ab"
