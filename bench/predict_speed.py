@@ -38,7 +38,8 @@ PARTS = ("predict", "engine", "http", "ray", "rss")
 
 
 def load_texts(data: str, rows: int) -> list[str]:
-    """SST-2's train sentences, or CoNLL-2003 sentences (train then valid, cycled to `rows`)."""
+    """SST-2's train sentences, its dev sentences (cycled to `rows`), or CoNLL-2003 sentences (train then valid,
+    cycled to `rows`)."""
     if data == "conll":
         from tasks.readers import read_conll
 
@@ -49,8 +50,10 @@ def load_texts(data: str, rows: int) -> list[str]:
         ]
         rows = rows or len(texts)
         return [texts[i % len(texts)] for i in range(rows)]
-    with open(DATA / "sst2" / "train.tsv", encoding="utf-8") as f:
+    with open(DATA / "sst2" / ("dev.tsv" if data == "sst2-dev" else "train.tsv"), encoding="utf-8") as f:
         texts = [line.split("\t")[0] for line in f.read().splitlines()[1:]]
+    if data == "sst2-dev":
+        return [texts[i % len(texts)] for i in range(rows or len(texts))]
     return texts[:rows] if rows else texts
 
 
@@ -282,8 +285,9 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--bundle", type=Path, required=True)
-    parser.add_argument("--data", choices=["sst2", "conll"], default="sst2")
-    parser.add_argument("--rows", type=int, default=0, help="the first N rows (0: all of SST-2's train set)")
+    parser.add_argument("--data", choices=["sst2", "sst2-dev", "conll"], default="sst2")
+    parser.add_argument("--rows", type=int, default=0,
+                        help="the first N rows (0: all of SST-2's train set; sst2-dev and conll: cycled to N)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
         "--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[8, 16, 32, 64]

@@ -24,7 +24,8 @@ uvicorn's httptools protocol (what `berth serve` runs: `uvicorn[standard]` bring
   `max_queued_response_bytes`, a connection that stalls is aborted at once. Both are counted in
   berth_connections_closed_total (write_timeout, write_queue_full);
 - parser errors (a malformed request line or header) get the JSON error shape with 400, not uvicorn's plain
-  text, and the connection is closed.
+  text, and the connection is closed;
+- a response's head and body in one write to the socket, not two (service/coalesced_writes.py).
 
 Idle keep-alive connections are uvicorn's own `timeout_keep_alive` (`keep_alive_timeout_s`), armed after
 each response. The /v1 limits (body reads, requests in progress) are the request guard's
@@ -46,6 +47,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from service.coalesced_writes import CoalescedWrites
 from service.errors import ErrorType
 from service.metrics import Metrics
 from service.settings import ServiceSettings
@@ -101,6 +103,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._refuse(transport)
             return
         super().connection_made(transport)
+        self.transport = CoalescedWrites(transport, self.loop)  # type: ignore[assignment]
         if self.metrics is not None:
             self.metrics.open_connections.inc()
         self._arm()
