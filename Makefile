@@ -53,7 +53,7 @@ unit: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" --ignore=tests/deploy
 
 # BERTH_CPU_BF16=1: precision `auto` resolves as on a CPU with AVX-512 BF16 or AMX (emulated where absent).
-# The default suite also runs the numeric training tests in the other CPU's mode (tests/training/test_precision.py).
+# `make test-all` also runs the numeric training tests in the other CPU's mode (tests/training/test_precision.py).
 test-bf16: $(STAMP)
 	BERTH_CPU_BF16=1 $(BIN)/python -m pytest -q -m "not slow" tests/training tests/berth
 

@@ -58,6 +58,7 @@ def dry_run(tiny_squad, tmp_path_factory) -> tuple[subprocess.CompletedProcess, 
     return done, json.loads((root / "out" / "gpu_check.json").read_text(encoding="utf-8"))
 
 
+@pytest.mark.slow  # the whole dry run of the GPU check on the CPU: about 2 minutes
 def test_every_phase_runs_and_passes_on_the_cpu(dry_run) -> None:
     done, record = dry_run
     statuses = {name: phase["status"] for name, phase in record["phases"].items()}
@@ -68,6 +69,7 @@ def test_every_phase_runs_and_passes_on_the_cpu(dry_run) -> None:
     assert all(0 < phase["wall_s"] <= phase["limit_s"] for phase in record["phases"].values())
 
 
+@pytest.mark.slow  # the whole dry run of the GPU check on the CPU: about 2 minutes
 def test_finetune_trains_the_slice_and_scores_the_dev_questions(dry_run, tiny_squad) -> None:
     metrics = dry_run[1]["phases"]["finetune"]["metrics"]
     counts = tiny_squad[1]
@@ -78,6 +80,7 @@ def test_finetune_trains_the_slice_and_scores_the_dev_questions(dry_run, tiny_sq
     assert metrics["tokens_per_s"] > 0 and metrics["train_minutes"] >= 0
 
 
+@pytest.mark.slow  # the whole dry run of the GPU check on the CPU: about 2 minutes
 def test_the_torchrun_path_joins_a_process_group(dry_run, tiny_squad) -> None:
     metrics = dry_run[1]["phases"]["ddp"]["metrics"]
     assert metrics["backend"] == "gloo"  # torch.distributed's CPU backend; NCCL where the device is CUDA
@@ -85,6 +88,7 @@ def test_the_torchrun_path_joins_a_process_group(dry_run, tiny_squad) -> None:
     assert metrics["dev_questions"] == min(DDP_EVAL_EXAMPLES, tiny_squad[1]["dev-v1.1.json"])
 
 
+@pytest.mark.slow  # the whole dry run of the GPU check on the CPU: about 2 minutes
 def test_fp16_export_passes_its_gate_on_the_provider_this_onnxruntime_has(dry_run) -> None:
     metrics = dry_run[1]["phases"]["export"]["metrics"]
     cuda = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
@@ -94,6 +98,7 @@ def test_fp16_export_passes_its_gate_on_the_provider_this_onnxruntime_has(dry_ru
     assert metrics["metric"]["passed"] is True and metrics["metric"]["examples"] == 16
 
 
+@pytest.mark.slow  # the whole dry run of the GPU check on the CPU: about 2 minutes
 def test_serving_is_measured_beside_the_raw_engine(dry_run) -> None:
     metrics = dry_run[1]["phases"]["serve"]["metrics"]
     assert metrics["device"] == "cpu" and metrics["engine_provider"] == "CPUExecutionProvider"
@@ -102,6 +107,7 @@ def test_serving_is_measured_beside_the_raw_engine(dry_run) -> None:
     assert all(rate > 0 for rate in metrics["berth_items_per_s"].values())
 
 
+@pytest.mark.slow  # the whole dry run of the GPU check on the CPU: about 2 minutes
 def test_environment_records_torch_and_the_onnxruntime_providers(dry_run) -> None:
     facts = dry_run[1]["phases"]["environment"]["metrics"]
     assert facts["onnxruntime"]["providers"] == onnxruntime.get_available_providers()

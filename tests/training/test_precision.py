@@ -190,6 +190,7 @@ def test_a_bf16_run_tracks_the_fp32_run_within_bf16_precision(tmp_path):
 NUMERIC_TESTS = ["tests/training/test_trainer.py", "tests/training/test_distributed.py"]
 
 
+@pytest.mark.slow  # `make test-bf16` runs the whole training suite in that mode
 def test_the_numeric_tests_pass_as_the_other_kind_of_cpu_would():
     """The suite as a CPU of the other kind would run it (bf16 on an AVX2-only CPU, fp32-only on a bf16 one):
     a test that leaves its precision to `auto` and compares with fp32 fails here on every machine."""

@@ -44,6 +44,7 @@ def test_a_rerank_head_trains_and_ranks_the_right_paragraph_higher(trained):
     assert record["train_examples"] == 240 and record["schedule"]["steps"] == 30
 
 
+@pytest.mark.slow  # exports and gates fp32 and int8 rerank bundles: over 2 minutes
 def test_the_bundles_are_gated_on_the_ranking_and_evaluate_as_pytorch(trained, tmp_path):
     """fp32 evaluates as PyTorch did; int8 is gated on MRR@10 over the dev questions: a model trained for 30 steps
     has near-tied paragraphs, so int8 may pass or be refused, but the gate must have scored the ranking."""
