@@ -15,6 +15,7 @@ import pytest
 
 # (the local process helpers live with the benchmarks, which start the same servers; re-exported for these tests)
 from bench.local_processes import free_port, stop_process, tail, wait_for  # noqa: F401
+from tests.conftest import session_folder
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"
@@ -100,7 +101,7 @@ def deploy_repository(tmp_path_factory) -> Path:
 
     torch.set_num_threads(2)
     torch.manual_seed(0)
-    root = tmp_path_factory.mktemp("deploy-models")
+    root = session_folder(tmp_path_factory, "deploy-models")
     model, _ = load_pretrained(BertForSequenceClassification, default_base_path(),
                                id2label={0: "negative", 1: "positive"})
     nn.init.normal_(model.classifier.weight, std=0.5)
@@ -116,7 +117,7 @@ def deploy_repository(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def deploy_server(deploy_repository, tmp_path_factory):
     """One `berth serve` replica, ready."""
-    replica = Replica(deploy_repository, tmp_path_factory.mktemp("deploy-logs"), "single").start()
+    replica = Replica(deploy_repository, session_folder(tmp_path_factory, "deploy-logs"), "single").start()
     try:
         yield replica.wait_ready()
     finally:

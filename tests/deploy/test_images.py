@@ -14,7 +14,6 @@ image's defaults (BERTH_DEVICE=auto) falling back to the CPU where CUDA cannot s
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 from dataclasses import dataclass, field
@@ -81,30 +80,16 @@ def base(work) -> str:
 
 
 @pytest.fixture(scope="module")
-def models(work) -> tuple[Path, dict[str, Path]]:
-    """A repository of four real bundles (classification, pair regression, NER, QA) made from the real
-    checkpoint by tests/service/models_for_tests.py, copied read-only for everyone (the image's user
-    is not the owner), and the fine-tuned folders they came from."""
-    pytest.importorskip("torch")
-    from export.bundle_builder import export_bundle
-    from export.settings import ExportSettings
-    from tests.service.models_for_tests import build_checkpoints
-
-    reuse = os.environ.get("BERTH_TEST_REPOSITORY")  # as in tests/service/conftest.py: built once, reused after
-    root = Path(reuse) if reuse else work
-    exported = root / "repository"
-    if not (reuse and all((exported / name / "bundle.json").is_file() for name in BUNDLES)):
-        checkpoints = build_checkpoints(root / "checkpoints")
-        for name in BUNDLES:
-            export_bundle(ExportSettings(model_folder=checkpoints[name], out=exported / name, precision="fp32",
-                                         optimize="never", parity_examples=4, threads=2))
-    checkpoints = {name: root / "checkpoints" / name for name in BUNDLES}
+def models(work, bundle_repository, checkpoints) -> tuple[Path, dict[str, Path]]:
+    """Four of the test repository's real bundles (classification, pair regression, NER, QA; made from the real
+    checkpoint by tests/service/models_for_tests.py), copied read-only for everyone (the image's user is not the
+    owner), and the fine-tuned folders they came from."""
     repository = work / "models"
     for name in BUNDLES:
-        shutil.copytree(exported / name, repository / name)
+        shutil.copytree(bundle_repository / name, repository / name)
     for path in [repository, *repository.rglob("*")]:
         path.chmod(0o555 if path.is_dir() else 0o444)
-    return repository, checkpoints
+    return repository, {name: checkpoints[name] for name in BUNDLES}
 
 
 # The GPU image costs ~5 min to build whenever the sources change (a 280 MB wheel, a 700 MB virtualenv

@@ -26,7 +26,6 @@ from tasks.registry import definition  # noqa: E402
 from tasks.runtime.inference import Batch, run_batch  # noqa: E402
 from tasks.runtime.onnx_session import create_session, onnx_runner  # noqa: E402
 from tasks.runtime.tokenizer import load_tokenizer  # noqa: E402
-from tests.service.conftest import bundle_repository, checkpoints  # noqa: E402,F401 - the shared fixtures
 
 PROBABILITY_TOLERANCE = 1e-4
 PER_TENSOR = "dynamic-keep-early-ffn-emb8"  # what shipped before: one activation scale per batch tensor

@@ -12,14 +12,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.service.conftest import REPO, ServerProcess, bundle_repository  # noqa: F401 - the shared fixture
-
-__all__ = ["bundle_repository"]
+from tests.conftest import session_folder
+from tests.service.conftest import REPO, ServerProcess
 
 
 @pytest.fixture(scope="session")
-def predict_server(bundle_repository, tmp_path_factory):  # noqa: F811
-    proc = ServerProcess(bundle_repository, tmp_path_factory.mktemp("predict-logs") / "serve.log")
+def predict_server(bundle_repository, tmp_path_factory):
+    proc = ServerProcess(bundle_repository, session_folder(tmp_path_factory, "predict-logs") / "serve.log")
     try:
         yield proc.wait_ready()
     finally:

@@ -12,7 +12,7 @@ from export.settings import ExportSettings
 from tasks.readers import read_conll
 from tests.predict.conftest import read_output, run_predict, write_jsonl
 from tests.predict.test_matches_service import assert_same, sst2
-from tests.service.conftest import ServerProcess, bundle_repository, checkpoints  # noqa: F401 - shared fixtures
+from tests.service.conftest import ServerProcess
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from bench.local_processes import free_port
+from tests.conftest import session_folder
 
 REPO = Path(__file__).resolve().parents[2]
 API_KEY = "test-key-0123456789"
@@ -119,41 +120,9 @@ class ServerProcess:
 
 
 @pytest.fixture(scope="session")
-def bundle_repository(tmp_path_factory) -> Path:
-    """A model repository of fp32 bundles: sentiment (classification), similarity (pair regression),
-    entities (NER), reader (QA), embeddings (the base as it is), masker (fill-mask), chooser
-    (multiple choice) and ranker (rerank), exported with the export package."""
-    import torch
-
-    from export.bundle_builder import export_bundle
-    from export.settings import ExportSettings
-    from tests.service.models_for_tests import BUNDLE_NAMES, EXPORT_TASKS, build_checkpoints
-    from training.bert.checkpoint import default_base_path
-
-    torch.set_num_threads(2)
-    reuse = os.environ.get("BERTH_TEST_REPOSITORY")  # while iterating: build once into this folder, reuse after
-    root = Path(reuse) if reuse else tmp_path_factory.mktemp("service-models")
-    repository = root / "repository"
-    if reuse and all((repository / name / "bundle.json").is_file() for name in BUNDLE_NAMES):
-        return repository
-    checkpoints = build_checkpoints(root / "checkpoints")
-    checkpoints["embeddings"] = default_base_path()  # served as it is: the sentence-transformers model
-    for name, folder in checkpoints.items():
-        export_bundle(ExportSettings(model_folder=folder, out=repository / name, precision="fp32", optimize="never",
-                                     parity_examples=8, threads=2, task=EXPORT_TASKS.get(name)))
-    return repository
-
-
-@pytest.fixture(scope="session")
-def checkpoints(bundle_repository) -> dict[str, Path]:
-    folder = bundle_repository.parent / "checkpoints"
-    return {p.name: p for p in folder.iterdir() if p.is_dir()}
-
-
-@pytest.fixture(scope="session")
 def server(bundle_repository, tmp_path_factory):
     """The main server: all four models, an API key."""
-    proc = ServerProcess(bundle_repository, tmp_path_factory.mktemp("logs") / "main.log",
+    proc = ServerProcess(bundle_repository, session_folder(tmp_path_factory, "logs") / "main.log",
                          env={"BERTH_API_KEY": API_KEY})
     try:
         yield proc.wait_ready()

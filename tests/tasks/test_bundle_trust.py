@@ -35,7 +35,6 @@ from tasks.runtime.bundle import (
     external_data_locations,
     load_public_key,
 )
-from tests.service.conftest import bundle_repository  # noqa: F401  (the real exported bundles)
 
 onnx = pytest.importorskip("onnx")
 

@@ -7,7 +7,6 @@ import pytest
 
 from tasks.engine import Engine, pass_shape, token_rows
 from tasks.registry import definition
-from tests.service.conftest import bundle_repository, checkpoints  # noqa: F401 - the shared fixtures
 
 TEXTS = ["A charming and often affecting journey.", "Unflinchingly bleak and desperate.",
          "A gorgeous, witty, seductive movie that never lets up.", "Dull.", "The plot goes nowhere " * 20]
