@@ -6,8 +6,10 @@ a reference build's measured speed. Usage, from the repository root:
 
     python -m bench.recipe_points topics=113,452 entities=342,799 --out bench/results/recipe_points.json
 
-A recipe name may carry recipe field overrides after a colon, from the recipe's fallbacks by number
-(`rerank:fallback1`). Points already in `--out` (same recipe, steps and variant) are kept, not retrained.
+A recipe name may carry a variant after a colon: recipe field overrides from the recipe's fallbacks by number
+(`rerank:fallback1`), or another recipe's point as the base instead of the embedded one
+(`rerank:from-similarity@160`: the similarity model of 160 steps, trained earlier in the plan or a run before).
+Points already in `--out` (same recipe, steps and variant) are kept, not retrained.
 """
 
 from __future__ import annotations
@@ -47,13 +49,24 @@ def recipe_variant(spec: str) -> tuple[Recipe, str]:
     return recipe, variant or "main"
 
 
+def base_of(variant: str, work: Path) -> dict[str, str]:
+    """The `base` setting of a `from-RECIPE@STEPS` variant: that recipe's point folder (empty for others)."""
+    if not variant.startswith("from-"):
+        return {}
+    name, _, steps = variant.removeprefix("from-").partition("@")
+    folder = work / f"{name}-main-{steps}"
+    if not (folder / "config.json").is_file():
+        raise SystemExit(f"{variant}: no model in {folder}; put {name}={steps} before it in the plan")
+    return {"base": str(folder)}
+
+
 def point(recipe: Recipe, variant: str, steps: int, work: Path, threads: int) -> dict[str, Any]:
     from training.finetuning.finetune import run_finetune
 
     out = work / f"{recipe.name}-{variant}-{steps}"
     started = time.monotonic()
     if not (out / "finetune_run.json").is_file():  # else a run of these settings made before (or linked there)
-        run_finetune(fixed_step_settings(recipe, steps, out, threads, dev=True))
+        run_finetune(fixed_step_settings(recipe, steps, out, threads, dev=True, **base_of(variant, work)))
     run = json.loads((out / "finetune_run.json").read_text(encoding="utf-8"))
     metrics = run["dev_metrics"]
     metric = recipe.floor[0]

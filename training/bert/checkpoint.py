@@ -77,7 +77,7 @@ def checkpoint_problem(folder: Path) -> str | None:
         return f"config.json is not valid JSON ({error})"
     if not isinstance(data, dict):
         return "config.json is not a JSON object"
-    if data.get("model_type", "bert") != "bert":
+    if data.get("model_type", "bert") not in ("bert", *BERTH_MODEL_TYPES):  # berth's own heads are BERT too
         return f"model_type {data['model_type']!r} in config.json is not bert"
     missing = [key for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
                if key not in data]
