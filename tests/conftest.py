@@ -86,3 +86,36 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
     else:
         shutil.rmtree(path, onerror=writable_then_retry)  # onexc from Python 3.12
+
+
+@pytest.fixture(scope="session")
+def bundle_repository(tmp_path_factory) -> Path:
+    """A model repository of fp32 bundles: sentiment (classification), similarity (pair regression),
+    entities (NER), reader (QA), embeddings (the base as it is), masker (fill-mask), chooser
+    (multiple choice) and ranker (rerank), exported with the export package; built once per session."""
+    import torch
+
+    from export.bundle_builder import export_bundle
+    from export.settings import ExportSettings
+    from tests.service.models_for_tests import BUNDLE_NAMES, EXPORT_TASKS, build_checkpoints
+    from training.bert.checkpoint import default_base_path
+
+    torch.set_num_threads(2)
+    reuse = os.environ.get("BERTH_TEST_REPOSITORY")  # while iterating: build once into this folder, reuse after
+    root = Path(reuse) if reuse else session_folder(tmp_path_factory, "service-models")
+    repository = root / "repository"
+    if reuse and all((repository / name / "bundle.json").is_file() for name in BUNDLE_NAMES):
+        return repository
+    checkpoints = build_checkpoints(root / "checkpoints")
+    checkpoints["embeddings"] = default_base_path()  # served as it is: the sentence-transformers model
+    for name, folder in checkpoints.items():
+        export_bundle(ExportSettings(model_folder=folder, out=repository / name, precision="fp32", optimize="never",
+                                     parity_examples=8, threads=2, task=EXPORT_TASKS.get(name)))
+    return repository
+
+
+@pytest.fixture(scope="session")
+def checkpoints(bundle_repository) -> dict[str, Path]:
+    """The fine-tuned folders the test bundles were exported from, by bundle name."""
+    folder = bundle_repository.parent / "checkpoints"
+    return {p.name: p for p in folder.iterdir() if p.is_dir()}

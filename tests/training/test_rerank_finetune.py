@@ -80,3 +80,22 @@ def _reference_is_the_finetune_evaluation(gate: dict, metrics: dict) -> None:
     (dev_outputs.npz), and is the finetune run's own MRR@10."""
     assert gate["reference_outputs"] == "the checkpoint's dev evaluation"
     assert gate["reference"] == pytest.approx(round(100 * metrics["mrr_at_10"], 3))
+
+
+def test_a_fine_tuned_mean_pooled_folder_is_a_base_and_starts_with_its_weights(trained, tmp_path):
+    """A reranker may start from a model already trained on pairs (another berth fine-tuned, mean-pooled folder,
+    model_type berth_mean_pooled_bert): its encoder and its one-logit head are loaded, not re-initialized."""
+    from safetensors.torch import load_file
+
+    from training.bert.checkpoint import checkpoint_problem
+
+    base, _ = trained
+    assert checkpoint_problem(base) is None
+    out = tmp_path / "again"
+    run_finetune(FinetuneSettings(task="rerank", train_file=SAMPLES / "squad/train.json", out=out, base=str(base),
+                                  max_train_examples=8, negatives=2, max_steps=1, batch_size=8, max_seq_length=96,
+                                  learning_rate=1e-9, warmup_ratio=0.0, threads=2, precision="fp32"))
+    before, after = load_file(str(base / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert before.keys() == after.keys() and any(key.startswith("classifier") for key in after)
+    for key, weight in before.items():  # one step of 1e-9 moves no weight by more than ~1e-8
+        assert (after[key] - weight).abs().max().item() < 1e-6, key
