@@ -74,12 +74,16 @@ def run_provenance() -> dict:
 
 
 def default_pooling(base: Path) -> str:
-    """The pooling the base was trained with: a sentence-transformers folder (1_Pooling/config.json)
-    says mean or cls; a plain BERT checkpoint has a pretrained [CLS] pooler (NSP), so cls.
+    """The pooling the base was trained with: a fine-tuned head's folder says it in config.json
+    (`classifier_pooling`: a mean-pooled head has no trained pooler to switch to); a sentence-transformers folder
+    (1_Pooling/config.json) says mean or cls; a plain BERT checkpoint has a pretrained [CLS] pooler (NSP), so cls.
 
     Measured on all-MiniLM-L6-v2 (docs/RESULTS.md, "Pooling"): its tanh pooler was never trained
     for its sentence objective, and mean pooling fine-tunes better.
     """
+    head = json.loads((base / "config.json").read_text(encoding="utf-8")).get("classifier_pooling")
+    if head in ("cls", "mean"):
+        return head
     config = base / "1_Pooling" / "config.json"
     if config.is_file():
         modes = json.loads(config.read_text(encoding="utf-8"))
