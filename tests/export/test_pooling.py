@@ -68,6 +68,8 @@ def test_default_pooling_follows_the_base(base_path, tmp_path):
     assert default_pooling(base_path) == "mean"  # all-MiniLM-L6-v2's 1_Pooling/config.json says mean
     (tmp_path / "config.json").write_text("{}")
     assert default_pooling(tmp_path) == "cls"  # a plain BERT folder: its NSP-trained pooler
+    (tmp_path / "config.json").write_text('{"model_type": "berth_mean_pooled_bert", "classifier_pooling": "mean"}')
+    assert default_pooling(tmp_path) == "mean"  # a fine-tuned mean-pooled head: no trained pooler to switch to
 
 
 @pytest.mark.parametrize("pooling", ["mean", "cls"])
