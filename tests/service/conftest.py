@@ -1,5 +1,5 @@
-"""Service test fixtures: real bundles exported from the real checkpoint, and real `berth serve`
-processes on free loopback ports.
+"""Service test fixtures: real `berth serve` processes on free loopback ports, over the session's bundle
+repository (real bundles exported from the real checkpoint; the fixture is in tests/conftest.py).
 
 BERTH_TEST_WORKERS=N (`make test-workers`) runs every test server as N server processes on its port
 (BERTH_WORKERS=N), unless a test sets BERTH_WORKERS or --workers itself. A test that measures a limit of one
