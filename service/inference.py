@@ -251,8 +251,8 @@ async def _compute(model: ServedModel, handler: TaskHandler, inputs: list[Any], 
     runtime.metrics.request_inputs.labels(handler.route, model.name).inc(len(inputs))
     timings.inputs, timings.items = len(inputs), len(futures)
     timings.tokens = sum(len(item) for p in prepared for item in p.items)
-    try:
-        item_results = await asyncio.gather(*futures)
+    try:  # one item (most requests) is awaited as it is: gather would add a step of the event loop
+        item_results = [await futures[0]] if len(futures) == 1 else await asyncio.gather(*futures)
     except BaseException:
         for future in futures:
             future.cancel()

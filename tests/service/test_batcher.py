@@ -275,6 +275,38 @@ def test_the_next_take_is_prepared_while_a_pass_runs_and_results_keep_their_rows
         assert queued_at_end_of_pass[0] == (0 if pipeline else 8)
 
 
+def test_the_worker_starts_the_take_prepared_ahead_without_waiting_for_the_event_loop(tokenizer):
+    """A take padded ahead while a pass runs is started by the worker that ran the pass, at its end, even while the
+    event loop is busy elsewhere (blocked here for 0.8 s); both takes keep their own rows."""
+    items = [encode(tokenizer, text) for text in ("Short.", "Ok", "Yes.", "No.")]  # one width: one pass a take
+    inner = SumModel()
+    started: list[float] = []
+
+    def slow_model(feeds):
+        started.append(time.perf_counter())
+        time.sleep(0.3)
+        return inner(feeds)
+
+    async def scenario():
+        batcher, _ = make_batcher(slow_model, max_batch_size=8, max_batch_tokens=512)
+        batcher.start()
+        deadline = time.monotonic() + 30
+        first = batcher.submit(items[:2], deadline)
+        await asyncio.sleep(0.05)  # the first pass runs
+        second = batcher.submit(items[2:], deadline)
+        await asyncio.sleep(0.05)  # the loop takes and pads them ahead
+        time.sleep(0.8)  # the event loop is busy: the first pass ends meanwhile
+        unblocked = time.perf_counter()
+        results = [await f for f in [*first, *second]]
+        await batcher.close(5)
+        return results, unblocked
+
+    results, unblocked = asyncio.run(scenario())
+    assert [r.outputs["total"][0] for r in results] == [sum(x.input_ids) for x in items]
+    assert len(started) == 2 and started[1] < unblocked - 0.2, (started, unblocked)
+    assert results[0].run_id != results[2].run_id
+
+
 def test_measured_batch_sizes_per_length_are_honoured(tokenizer):
     from tasks.runtime.inference import BatchTable
 
