@@ -34,14 +34,18 @@ SETTINGS = {"spin in pass, stop after (default)": (True, False), "no spinning (-
 
 def sessions(folder: Path, threads: int) -> tuple[Any, dict[str, Any]]:
     from tasks.bundle_checks import load_bundle
-    from tasks.runtime.onnx_session import MemoryPolicy, create_session, set_memory_policy
+    from tasks.runtime.onnx_session import MemoryPolicy, create_session, memory_policy, set_memory_policy
 
     bundle = load_bundle(folder)
-    set_memory_policy(MemoryPolicy.serving())
     raw = bundle.model_path.read_bytes()
-    return bundle, {label: create_session(raw, bundle.precision, threads, prefer_gpu=False, allow_spinning=spin,
-                                          spin_between_runs=between)[0]
-                    for label, (spin, between) in SETTINGS.items()}
+    before = memory_policy()  # the policy is the process's: put it back once these sessions exist
+    set_memory_policy(MemoryPolicy.serving())
+    try:
+        return bundle, {label: create_session(raw, bundle.precision, threads, prefer_gpu=False, allow_spinning=spin,
+                                              spin_between_runs=between)[0]
+                        for label, (spin, between) in SETTINGS.items()}
+    finally:
+        set_memory_policy(before)
 
 
 def feeds_of(bundle: Any, input_name: str) -> dict[str, Any]:

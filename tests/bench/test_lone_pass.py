@@ -4,11 +4,14 @@ the one that spins between passes seen keeping a core busy after a pass while th
 from __future__ import annotations
 
 from bench.lone_pass import SETTINGS, measure, table
+from tasks.runtime.onnx_session import memory_policy
 
 
 def test_each_spinning_setting_is_timed_and_only_spinning_between_passes_burns_cpu_after_one(bundle_repository):
+    policy = memory_policy()
     rows = measure(bundle_repository / "sentiment", ["classify-short"], [1.0, 20.0], after_ms=30.0, rounds=1,
                    passes=2, threads=2)
+    assert memory_policy() == policy  # the service's policy was the bench's sessions' alone, not the process's
     assert [row["setting"] for row in rows] == list(SETTINGS)
     for row in rows:
         assert row["input"] == "classify-short" and row["tokens"] > 2
