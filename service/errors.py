@@ -16,7 +16,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service import request_ids
 from service.batch_errors import BatcherError, Expired, ItemFailed, ItemTooLarge, NotAccepting, QueueFull
 
 log = logging.getLogger("berth.service")
@@ -158,17 +157,11 @@ def _from_http(exc: StarletteHTTPException, request: Request) -> ServiceError:
 
 
 def install_error_handlers(app: FastAPI) -> None:
+    """Every exception an endpoint raises answered by `response_for`. An unexpected one (`Exception`) is answered by
+    FastAPI's error middleware, which then re-raises it so that the server logs its traceback; the request-id layer
+    (service/request_trace.py) is outside that middleware, so the id is set for the log line and added to the 500."""
     async def handle(request: Request, exc: Exception) -> JSONResponse:
         return response_for(exc, request)
 
-    async def handle_unexpected(request: Request, exc: Exception) -> JSONResponse:
-        """Starlette's error middleware answers with it outside the request-id layer (service/request_trace.py),
-        which leaves the id set for it: the traceback is logged under it and the response carries it."""
-        response = response_for(exc, request)
-        if (request_id := request_ids.current()) is not None:
-            response.headers[request_ids.HEADER.decode("ascii")] = request_id
-        return response
-
-    for raised in (ServiceError, BatcherError, RequestValidationError, StarletteHTTPException):
+    for raised in (ServiceError, BatcherError, RequestValidationError, StarletteHTTPException, Exception):
         app.add_exception_handler(raised, handle)
-    app.add_exception_handler(Exception, handle_unexpected)

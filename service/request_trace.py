@@ -1,8 +1,9 @@
-"""The outermost middleware the app adds (`app.add_middleware(RequestTrace, ...)`, last): every request gets its id
-(service/request_ids.py), returned in `X-Request-ID` on every response (errors included: an unexpected 500, which
-Starlette's error middleware answers outside, through the app's handler) and carried by every log line written
-while it runs; with `access_log`, one line per request; with tracing on (service/tracing.py), the request's server
-span.
+"""The outermost of the app's request layers (service/app.py): every request gets its id (service/request_ids.py),
+returned in `X-Request-ID` on every response (errors included: an unexpected 500, which FastAPI's error middleware,
+inside this layer, answers) and carried by every log line written while it runs; with `access_log`, one line per
+request; with tracing on (service/tracing.py), the request's server span. An exception that escapes the layers
+inside before any response was sent (a bug in the guard or the fast path themselves, which no error middleware
+wraps) is answered here with the JSON 500, then re-raised so the server logs its traceback.
 
 The access log line (logger `berth.access`, INFO) holds what a request was, never what it said: method, route
 template, model, status, inputs and model items, tokens, tokenize / queue / inference seconds where the request
@@ -19,6 +20,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import request_ids, tracing
+from service.errors import ErrorType, ServiceError, error_response
 from service.middleware import match_route
 
 access = logging.getLogger("berth.access")
@@ -36,7 +38,7 @@ class RequestTrace:
         request_id, refused = request_ids.from_headers(scope.get("headers", ()))
         token = request_ids.REQUEST_ID.set(request_id)
         header = (request_ids.HEADER, request_id.encode("ascii"))
-        status = [500]
+        status = [0]  # 0: no response started yet
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -46,17 +48,16 @@ class RequestTrace:
 
         started = time.perf_counter() if self.access_log or tracing.ACTIVE else 0.0
         span = tracing.start_request(scope, started, request_id) if tracing.ACTIVE else None
-        answered = False
         try:
             await self.app(scope, receive, send_with_id)
-            answered = True
+        except Exception:
+            if not status[0]:
+                await error_response(ServiceError(ErrorType.INTERNAL, "internal error"))(scope, receive, send_with_id)
+            raise  # with the id still set (in this request's own context) for the server's traceback line
         finally:
             if started:
-                self._finish(scope, span, started, status[0], refused)
-            # An unexpected error is answered by Starlette's error middleware, outside every added one: the id stays
-            # set (in this request's own context) for its handler, which logs the traceback and returns the id
-            if answered:
-                request_ids.REQUEST_ID.reset(token)
+                self._finish(scope, span, started, status[0] or 500, refused)
+        request_ids.REQUEST_ID.reset(token)
 
     def _finish(self, scope: Scope, span: Any, started: float, status: int, refused: bool) -> None:
         ended = time.perf_counter()
