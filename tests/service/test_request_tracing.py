@@ -337,6 +337,48 @@ def test_an_unexpected_500_carries_the_id_and_its_traceback_line_too(traced):
     assert access.request_id == "will-fail" and access.fields["status"] == 500
 
 
+def _run_layer(app, headers: list[tuple[bytes, bytes]]) -> tuple[list[dict], BaseException | None]:
+    """RequestTrace around `app` for one GET, in process: the messages it sent and what it raised."""
+    import asyncio
+
+    from service.request_trace import RequestTrace
+
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "GET", "path": "/v1/models", "headers": headers, "state": {}}
+    try:
+        asyncio.run(RequestTrace(app)(scope, receive, send))
+    except Exception as error:  # noqa: BLE001 - what escaped is part of the check
+        return sent, error
+    return sent, None
+
+
+def test_a_bug_in_the_layers_before_any_response_is_a_json_500_with_the_id_and_is_raised_on():
+    async def broken(scope, receive, send):  # a layer inside the trace that fails before it answers
+        raise RuntimeError("a bug in a layer")
+
+    sent, raised = _run_layer(broken, [(b"x-request-id", b"layer-bug")])
+    assert isinstance(raised, RuntimeError)  # raised on, so the server logs its traceback
+    start, body = sent
+    assert start["status"] == 500 and (b"x-request-id", b"layer-bug") in start["headers"]
+    assert json.loads(body["body"]) == {"error": "internal error", "error_type": "internal"}
+
+
+def test_a_failure_after_the_response_started_sends_nothing_more():
+    async def fails_midway(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        raise RuntimeError("after the head")
+
+    sent, raised = _run_layer(fails_midway, [])
+    assert isinstance(raised, RuntimeError) and [m["type"] for m in sent] == ["http.response.start"]
+
+
 def test_every_log_line_of_a_request_carries_its_id(traced):
     url, _, logged = traced
     logged.clear()
