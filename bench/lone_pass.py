@@ -7,8 +7,10 @@ waited: `berth serve` lets them spin between the operators of a pass and stops t
 own default, which keeps spinning after every pass until its spin count runs out. Per bundle, the three sessions
 as the service builds them (weights shared, prepacked, the process's arena), on real dev inputs (`--input`, from
 bench/service_load.py's workloads; by default the task's short and long one, as bench/serving_ceiling.py): the
-pass's median time after `--idle` milliseconds without work, and the cores the process keeps busy in the
-`--after` milliseconds that follow one pass (the spin's cost). The settings alternate round by round.
+pass's median time after `--idle` milliseconds without work, the cores the process keeps busy in the
+`--after` milliseconds that follow one pass (the spin's cost), and the request's own tokenizing (the task's
+`prepare_many` of the input) timed back to back and right after a pass: the Python around a lone pass runs on
+caches the pass has just flushed. The settings alternate round by round.
 
     python -m bench.lone_pass /path/to/topics /path/to/entities --rounds 4 --out bench/results/lone_pass.json
 """
@@ -21,6 +23,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +51,8 @@ def sessions(folder: Path, threads: int) -> tuple[Any, dict[str, Any]]:
         set_memory_policy(before)
 
 
-def feeds_of(bundle: Any, input_name: str) -> dict[str, Any]:
+def request_of(bundle: Any, input_name: str) -> tuple[dict[str, Any], Callable[[], Any]]:
+    """The input's padded feeds, and its tokenizing as the request path does it."""
     from bench.serving_ceiling import request_bodies
     from tasks.registry import definition
     from tasks.runtime.batching import pad_batch
@@ -56,8 +60,12 @@ def feeds_of(bundle: Any, input_name: str) -> dict[str, Any]:
 
     tokenizer = load_tokenizer(bundle.tokenizer_path)
     task = definition(bundle.task)
-    text = request_bodies(tokenizer)[input_name]["inputs"]
-    return pad_batch([i for p in task.prepare_many(tokenizer, bundle.spec(), [text], task.options()) for i in p.items])
+    text, spec, options = request_bodies(tokenizer)[input_name]["inputs"], bundle.spec(), task.options()
+
+    def prepare() -> Any:
+        return task.prepare_many(tokenizer, spec, [text], options)
+
+    return pad_batch([i for p in prepare() for i in p.items]), prepare
 
 
 def after_idle(session: Any, feeds: dict[str, Any], idle_s: float, passes: int) -> list[float]:
@@ -83,6 +91,23 @@ def cpu_after(session: Any, feeds: dict[str, Any], window_s: float, passes: int)
     return statistics.median(shares)
 
 
+def prepare_after_a_pass(session: Any, feeds: dict[str, Any], prepare: Callable[[], Any],
+                         passes: int) -> tuple[float, float]:
+    """Median microseconds of tokenizing the input back to back (no pass between), and right after a pass."""
+    prepare()
+    warm, after = [], []
+    for _ in range(passes):
+        start = time.perf_counter()
+        prepare()
+        warm.append(time.perf_counter() - start)
+    for _ in range(passes):
+        session.run(None, feeds)
+        start = time.perf_counter()
+        prepare()
+        after.append(time.perf_counter() - start)
+    return 1e6 * statistics.median(warm), 1e6 * statistics.median(after)
+
+
 def measure(folder: Path, inputs: list[str] | None, idles_ms: list[float], after_ms: float, rounds: int, passes: int,
             threads: int) -> list[dict[str, Any]]:
     from bench.serving_ceiling import INPUTS
@@ -90,7 +115,7 @@ def measure(folder: Path, inputs: list[str] | None, idles_ms: list[float], after
     bundle, by_setting = sessions(folder, threads)
     rows = []
     for input_name in inputs or INPUTS[bundle.task]:
-        feeds = feeds_of(bundle, input_name)
+        feeds, prepare = request_of(bundle, input_name)
         feeds_by = {label: {n.name: feeds[n.name] for n in s.get_inputs()} for label, s in by_setting.items()}
         for label, session in by_setting.items():
             session.run(None, feeds_by[label])
@@ -107,18 +132,22 @@ def measure(folder: Path, inputs: list[str] | None, idles_ms: list[float], after
                          "tokens": int(feeds["input_ids"].shape[1]), "setting": label,
                          "pass_ms_after_idle": {str(i): statistics.median(v) for i, v in pass_ms[label].items()},
                          "cores_busy_after_a_pass": cpu_after(session, feeds_by[label], after_ms / 1000, passes)})
+            warm, after = prepare_after_a_pass(session, feeds_by[label], prepare, 3 * passes)
+            rows[-1].update(tokenize_us_back_to_back=warm, tokenize_us_right_after_a_pass=after)
     return rows
 
 
 def table(result: dict[str, Any]) -> str:
     idles = result["args"]["idle_ms"]
     lines = ["| bundle | input (tokens) | setting | " + " | ".join(f"pass ms after {i:g} ms idle" for i in idles)
-             + f" | cores busy in the {result['args']['after_ms']:g} ms after a pass |",
-             "|---|---|---|" + "---|" * (len(idles) + 1)]
+             + f" | cores busy in the {result['args']['after_ms']:g} ms after a pass"
+             + " | tokenizing µs: back to back / right after a pass |",
+             "|---|---|---|" + "---|" * (len(idles) + 2)]
     for row in result["rows"]:
         times = " | ".join(f"{row['pass_ms_after_idle'][str(i)]:.2f}" for i in idles)
         lines.append(f"| {row['bundle']} | {row['input']} ({row['tokens']}) | {row['setting']} | {times} | "
-                     f"{row['cores_busy_after_a_pass']:.2f} |")
+                     f"{row['cores_busy_after_a_pass']:.2f} | {row['tokenize_us_back_to_back']:.0f} / "
+                     f"{row['tokenize_us_right_after_a_pass']:.0f} |")
     return "\n".join(lines)
 
 

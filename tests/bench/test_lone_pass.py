@@ -16,6 +16,7 @@ def test_each_spinning_setting_is_timed_and_only_spinning_between_passes_burns_c
     for row in rows:
         assert row["input"] == "classify-short" and row["tokens"] > 2
         assert set(row["pass_ms_after_idle"]) == {"1.0", "20.0"} and min(row["pass_ms_after_idle"].values()) > 0
+        assert row["tokenize_us_back_to_back"] > 0 and row["tokenize_us_right_after_a_pass"] > 0
     busy = {row["setting"]: row["cores_busy_after_a_pass"] for row in rows}
     default, spinning = busy["spin in pass, stop after (default)"], busy["spin between passes (--ort-spinning)"]
     # ONNX Runtime's own spin keeps a thread on a core for tens of milliseconds after a pass; the default stops it
