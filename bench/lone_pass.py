@@ -29,6 +29,7 @@ from typing import Any
 
 from bench.local_processes import REPO
 from bench.machine import machine_facts
+from bench.records import write_record
 
 # label -> (allow_spinning, spin_between_runs), as service/models.py `spinning` maps the serve flags
 SETTINGS = {"spin in pass, stop after (default)": (True, False), "no spinning (--no-ort-spin-in-pass)": (False, False),
@@ -176,8 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                               "rows": []}
     for folder in args.bundles:
         result["rows"] += measure(folder, args.input, args.idle, args.after, args.rounds, args.passes, args.threads)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        write_record(args.out, result)
     print(table(result))
     return 0
 

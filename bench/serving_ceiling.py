@@ -10,7 +10,8 @@ bundle and input (short and long), in one run on the same cores:
 (b) **a do-nothing ASGI app** (reads the body, answers a fixed JSON) under uvicorn with httptools and uvloop, as
     `berth serve` runs, under the same `hey` load and client count;
 (c) **berth serve** on the same bundles under the same load (once per `--berth` code tree: before and after a
-    change side by side).
+    change side by side; with `--rounds N`, N windows each, the trees taking turns, and the median window kept:
+    on a shared machine one window of each does not separate a change of a few percent).
 
 Both (a) and (b) fill the cores: at R_engine and R_http requests/s a request costs 1/R_engine and 1/R_http of the
 machine, so the ceiling with both on the same cores is 1 / (1/R_engine + 1/R_http) requests/s; at one client the
@@ -162,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8, 16, 32])
     parser.add_argument("--seconds", type=float, default=8.0, help="seconds per load level")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="windows per code tree and level, the trees taking turns (the table shows each tree's "
+                             "median window, and with more than one, every window's requests/s and event loop CPU)")
     parser.add_argument("--engine-seconds", type=float, default=1.5, help="seconds per engine batch size")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--serve-arg", action="append", default=[], help="extra `berth serve` flag (repeatable)")
@@ -207,8 +211,15 @@ def main(argv: list[str] | None = None) -> int:
                     row = {"model": name, "precision": bundle.precision, "input": input_name, "tokens": tokens,
                            "clients": clients, "engine": engine, "null": null,
                            "ceiling": ceiling(engine, null, clients), "berth": {}}
-                    for label, (served_port, proc) in servers.items():
-                        row["berth"][label] = hey(served_port, route, body, clients, args.seconds, proc.pid, work)
+                    rounds: dict[str, list[dict[str, Any]]] = {label: [] for label in servers}
+                    for round_ in range(args.rounds):  # the trees in turn, the order reversed every other round
+                        for label in list(servers) if round_ % 2 == 0 else list(reversed(servers)):
+                            served_port, proc = servers[label]
+                            rounds[label].append(hey(served_port, route, body, clients, args.seconds, proc.pid, work))
+                    for label, measured in rounds.items():
+                        row["berth"][label] = median_round(measured)
+                    if args.rounds > 1:
+                        row["berth_rounds"] = rounds
                     result["rows"].append(row)
                     print(markdown_row(row, list(trees)), flush=True)
                     _save(result, args.out)
@@ -217,6 +228,11 @@ def main(argv: list[str] | None = None) -> int:
     _save(result, args.out)
     print(markdown(result))
     return 0
+
+
+def median_round(measured: list[dict[str, Any]]) -> dict[str, Any]:
+    """The window with the median requests/s (the lower middle one of an even count)."""
+    return sorted(measured, key=lambda level: level["requests_per_s"])[(len(measured) - 1) // 2]
 
 
 def _save(result: dict[str, Any], out: Path) -> None:
@@ -253,6 +269,14 @@ def markdown(result: dict[str, Any]) -> str:
              f"{result['started_load_average'][0]:.2f}; steal {result.get('steal_share', 0):.1%}", "",
              HEADER, "|" + "---|" * HEADER.count(" | ") + "---|"]
     lines += [markdown_row(row, labels) for row in result["rows"]]
+    if any("berth_rounds" in row for row in result["rows"]):
+        lines += ["", "| model | input | clients | berth | req/s, window by window | event loop CPU ms per request |",
+                  "|---|---|---|---|---|---|"]
+        for row in result["rows"]:
+            for label, windows in row.get("berth_rounds", {}).items():
+                rates = ", ".join(f"{w['requests_per_s']:.0f}" for w in windows)
+                loop = ", ".join(f"{w['event_loop_cpu_ms_per_request']:.2f}" for w in windows)
+                lines.append(f"| {row['model']} | {row['input']} | {row['clients']} | {label} | {rates} | {loop} |")
     return "\n".join(lines)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.serving_ceiling import ceiling, null_server
+from bench.serving_ceiling import ceiling, markdown, median_round, null_server
 
 
 def test_the_do_nothing_server_answers_posts_with_a_fixed_json() -> None:
@@ -34,3 +34,19 @@ def test_the_ceiling_shares_the_cores_between_engine_and_http() -> None:
     assert ceiling(engine, {"requests_per_s": 27_500.0}, 32)["requests_per_s"] == pytest.approx(491.07, abs=0.01)
     # one client: the engine's batch-1 time, then the HTTP round trip: 4.0 + 0.25 ms
     assert ceiling(engine, {"p50_ms": 0.25}, 1) == pytest.approx({"requests_per_s": 1000 / 4.25, "p50_ms": 4.25})
+
+
+def test_rounds_keep_each_trees_median_window_and_list_every_window() -> None:
+    windows = [{"requests_per_s": rate, "event_loop_cpu_ms_per_request": loop, "p50_ms": 100.0, "p99_ms": 150.0}
+               for rate, loop in ((240.0, 1.0), (250.0, 0.9), (230.0, 1.1), (260.0, 0.8))]
+    assert median_round(windows[:3]) is windows[0]  # 230, 240, 250: the middle one
+    assert median_round(windows) is windows[0]  # 230, 240, 250, 260: the lower middle one
+    row = {"model": "classify", "precision": "int8", "input": "classify-short", "tokens": 24, "clients": 32,
+           "engine": {"best_requests_per_s": 300.0, "best_batch": 16, "batch1_p50_ms": 7.0},
+           "null": {"requests_per_s": 9000.0, "p50_ms": 2.5}, "ceiling": {"requests_per_s": 290.0},
+           "berth": {"after": median_round(windows)}, "berth_rounds": {"after": windows}}
+    result = {"machine": {"cpu_model": "x", "logical_cores": 2, "cpu_flags": ["avx2"]}, "started_load_average": [0.5],
+              "rows": [row]}
+    printed = markdown(result)
+    assert "| after | 240 | 0.83 |" in printed  # the median window in the main table: 240 / 290 of the ceiling
+    assert printed.endswith("| classify | classify-short | 32 | after | 240, 250, 230, 260 | 1.00, 0.90, 1.10, 0.80 |")
