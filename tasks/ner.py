@@ -20,6 +20,7 @@ together as every task module is (tasks/definition.py); its metric is already it
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -294,6 +295,28 @@ def _no_space(text: str, start: int, end: int) -> bool:
     return not any(ch.isspace() for ch in text[start:end])
 
 
+@dataclass(frozen=True)
+class _LabelTable:
+    """What the grouping reads of a label set, by label id: made once per label set, not per text."""
+
+    type_ids: np.ndarray  # the tag's type as a number (B-PER and I-PER alike), O its own
+    entity_names: list[str]  # what an entity is called (and ignored by)
+    is_begin: np.ndarray  # a B- tag
+    types: list[str]  # the tag's type as a name
+    inside: dict[str, int]  # type -> the id of its I- tag
+    members: dict[str, list[int]]  # type -> the ids of its tags
+
+
+@functools.lru_cache(maxsize=64)
+def _label_table(names: tuple[str, ...]) -> _LabelTable:
+    types = [n[2:] if n.startswith(("B-", "I-")) else n for n in names]
+    return _LabelTable(type_ids=np.unique(np.array(types, dtype=object), return_inverse=True)[1],
+                       entity_names=[n.split("-", 1)[-1] for n in names],
+                       is_begin=np.array([n.startswith("B-") for n in names], dtype=bool), types=types,
+                       inside={t: names.index("I-" + t) for t in set(types) if "I-" + t in names},
+                       members={t: [i for i, other in enumerate(types) if other == t] for t in set(types)})
+
+
 def _group_entities(text: str, units: _Units, names: list[str], ignore_labels: Sequence[str]) -> list[dict]:
     """transformers' group_entities, then the hyphen and edge rules of `decode_entities`.
 
@@ -301,10 +324,10 @@ def _group_entities(text: str, units: _Units, names: list[str], ignore_labels: S
     its first unit and scored by the mean of its units.
     """
     label_ids = units.label_ids
-    tag_types = np.array([n[2:] if n.startswith(("B-", "I-")) else n for n in names], dtype=object)
-    type_ids = np.unique(tag_types, return_inverse=True)[1][label_ids]
-    entity_names = [n.split("-", 1)[-1] for n in names]  # what an entity is called (and ignored by)
-    is_begin = np.array([n.startswith("B-") for n in names], dtype=bool)[label_ids]
+    table = _label_table(tuple(names))
+    type_ids = table.type_ids[label_ids]
+    entity_names = table.entity_names
+    is_begin = table.is_begin[label_ids]
     new_group = np.ones(len(label_ids), dtype=bool)
     new_group[1:] = (type_ids[1:] != type_ids[:-1]) | is_begin[1:]
 
@@ -360,9 +383,8 @@ def _one_type_per_word(scores: np.ndarray, label_ids: np.ndarray, token_scores: 
     later = np.flatnonzero(np.r_[False, word_ids[1:] == word_ids[:-1]] & (word_ids >= 0))
     if not len(later):
         return label_ids, token_scores
-    types = [n[2:] if n.startswith(("B-", "I-")) else n for n in names]
-    inside = {t: names.index("I-" + t) for t in set(types) if "I-" + t in names}
-    members = {t: [i for i, other in enumerate(types) if other == t] for t in set(types)}
+    table = _label_table(tuple(names))
+    types, inside, members = table.types, table.inside, table.members
     for i in later.tolist():  # in text order: a word's first token is settled before its later ones
         word_type = types[label_ids[i - 1]]
         if types[label_ids[i]] != word_type:
