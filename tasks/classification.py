@@ -130,7 +130,7 @@ class ClassificationTask(TaskDefinition):
         else:
             firsts, seconds = inputs, None
         encoded = encode_classification_many(tokenizer, firsts, seconds, max_length=spec.max_seq_length,
-                                             truncate=options.truncate)
+                                             truncate=options.truncate, spans=False)
         return [Prepared([item], truncated=item.truncated) for item in encoded]
 
     def response_bytes(self, spec, prepared, options) -> int:

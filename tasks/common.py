@@ -81,12 +81,15 @@ def encode_classification_many(
     text_pairs: Sequence[str | None] | None = None,
     max_length: int = 128,
     truncate: bool = True,
+    spans: bool = True,
 ) -> list[EncodedInput]:
     """`encode_classification` of each (text, text pair) with one `encode_batch` call; without `truncate`,
-    `InputFailed(index, InputTooLong)` names the first that does not fit."""
+    `InputFailed(index, InputTooLong)` names the first that does not fit. `spans=False`: without character
+    offsets (`encode_many`), for a task that reads only the ids."""
     if truncate:
-        return encode_many(tokenizer, texts, text_pairs, max_length=max_length, truncation="longest_first")
-    encoded = encode_many(tokenizer, texts, text_pairs, max_length=None)
+        return encode_many(tokenizer, texts, text_pairs, max_length=max_length, truncation="longest_first",
+                           spans=spans)
+    encoded = encode_many(tokenizer, texts, text_pairs, max_length=None, spans=spans)
     for index, item in enumerate(encoded):
         if len(item) > max_length:
             raise InputFailed(index, InputTooLong(len(item), max_length))

@@ -229,7 +229,8 @@ class EmbeddingTask(TaskDefinition):
 
     def prepare_many(self, tokenizer, spec, inputs: Sequence[str], options) -> list[Prepared]:
         encoded = encode_classification_many(tokenizer, inputs, None, max_length=spec.max_seq_length,
-                                             truncate=options.truncate)
+                                             truncate=options.truncate,
+                                             spans=getattr(options, "output", "sentence") == "tokens")
         return [Prepared([item], item, item.truncated) for item in encoded]
 
     def keep(self, tokenizer, spec, options) -> Keep:

@@ -177,7 +177,8 @@ class MultipleChoiceTask(TaskDefinition):
         try:
             items = encode_classification_many(tokenizer, [raw.context for raw in inputs for _ in raw.choices],
                                                [choice for raw in inputs for choice in raw.choices],
-                                               max_length=spec.max_seq_length, truncate=options.truncate)
+                                               max_length=spec.max_seq_length, truncate=options.truncate,
+                                               spans=False)
         except InputFailed as failed:
             raise InputFailed(owners[failed.index], failed.error) from None
         prepared, at = [], 0

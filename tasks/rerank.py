@@ -292,7 +292,9 @@ class RerankTask(TaskDefinition):
     def prepare_many(self, tokenizer: Tokenizer, spec: Any, inputs: Sequence[Any], options: Any) -> list[Prepared]:
         cls_id, sep_id = tokenizer.token_to_id(CLS), tokenizer.token_to_id(SEP)
         distinct = list(dict.fromkeys(text for raw in inputs for text in (raw.query, *raw.documents)))
-        encoded = dict(zip(distinct, tokenizer.encode_batch(distinct, add_special_tokens=False))) if distinct else {}
+        # only the ids are read: the encoding without character offsets (tasks/runtime/tokenizer.py `encode_many`)
+        encode_batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
+        encoded = dict(zip(distinct, encode_batch(distinct, add_special_tokens=False))) if distinct else {}
         cut = options.max_tokens_per_doc
         prepared = []
         for index, raw in enumerate(inputs):

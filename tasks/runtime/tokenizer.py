@@ -178,6 +178,7 @@ class EncodedInput:
 
     `offsets[i]` is the (start, end) character span of token i in the text it came from
     (`sequence_ids[i]` says which: 0 for A, 1 for B, None for a special token, whose span is (0, 0)).
+    `offsets` and `word_ids` are None for an item encoded without them (`encode_many(spans=False)`).
     """
 
     __slots__ = ("input_ids", "token_type_ids", "offsets", "sequence_ids", "word_ids", "truncated", "dropped")
@@ -185,9 +186,9 @@ class EncodedInput:
     def __init__(self, input_ids, token_type_ids, offsets, sequence_ids, word_ids, truncated, dropped=0):
         self.input_ids: list[int] = input_ids
         self.token_type_ids: list[int] = token_type_ids
-        self.offsets: list[tuple[int, int]] = offsets
+        self.offsets: list[tuple[int, int]] | None = offsets
         self.sequence_ids: list[int | None] = sequence_ids
-        self.word_ids: list[int | None] = word_ids
+        self.word_ids: list[int | None] | None = word_ids
         self.truncated: bool = truncated
         self.dropped: int = dropped  # tokens cut by truncation (0 when `truncated` is False)
 
@@ -243,44 +244,56 @@ def encode_many(
     text_pairs: Sequence[str | None] | None = None,
     max_length: int | None = 512,
     truncation: str = "longest_first",
+    spans: bool = True,
 ) -> list[EncodedInput]:
     """`encode` of each (text, text pair), with ONE `encode_batch` call for all their distinct texts.
 
     `encode_batch` releases the GIL for the whole list and saves the per-call overhead of encoding the
     texts one by one; a text that repeats (a multiple-choice context) is tokenized once.
+
+    `spans=False`, for a task that reads only the token ids (classification, pairs, choices, sentence vectors):
+    `encode_batch_fast`, which does not track character offsets (the same ids, 15-30% less tokenizing), and
+    the items have no `offsets` or `word_ids` (None).
     """
     cls_id, sep_id = tokenizer.token_to_id(CLS), tokenizer.token_to_id(SEP)
+    encode_batch = tokenizer.encode_batch if spans else getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
     if text_pairs is None:  # single texts: no bookkeeping (one input is the hot path)
-        encodings = tokenizer.encode_batch(list(texts), add_special_tokens=False) if texts else []
-        return [_assemble(encoding, None, cls_id, sep_id, max_length, truncation) for encoding in encodings]
+        encodings = encode_batch(list(texts), add_special_tokens=False) if texts else []
+        return [_assemble(encoding, None, cls_id, sep_id, max_length, truncation, spans) for encoding in encodings]
     if len(text_pairs) != len(texts):
         raise ValueError(f"{len(texts)} texts but {len(text_pairs)} text pairs")
     distinct = list(dict.fromkeys([*texts, *(pair for pair in text_pairs if pair is not None)]))
-    by_text = dict(zip(distinct, tokenizer.encode_batch(distinct, add_special_tokens=False))) if distinct else {}
+    by_text = dict(zip(distinct, encode_batch(distinct, add_special_tokens=False))) if distinct else {}
     return [_assemble(by_text[text], None if pair is None else by_text[pair], cls_id, sep_id, max_length,
-                      truncation) for text, pair in zip(texts, text_pairs)]
+                      truncation, spans) for text, pair in zip(texts, text_pairs)]
 
 
 def _assemble(enc_a: Encoding, enc_b: Encoding | None, cls_id: int, sep_id: int, max_length: int | None,
-              truncation: str) -> EncodedInput:
-    """`[CLS] A [SEP] (B [SEP])` from the texts' encodings without special tokens, truncated to max_length."""
-    len_a, len_b = len(enc_a.ids), (len(enc_b.ids) if enc_b is not None else 0)
-    n_special = 3 if enc_b is not None else 2
+              truncation: str, spans: bool = True) -> EncodedInput:
+    """`[CLS] A [SEP] (B [SEP])` from the texts' encodings without special tokens, truncated to max_length;
+    without `spans`, no `offsets` or `word_ids` (None)."""
+    ids_a, ids_b = enc_a.ids, (enc_b.ids if enc_b is not None else None)
+    len_a, len_b = len(ids_a), (len(ids_b) if ids_b is not None else 0)
+    n_special = 3 if ids_b is not None else 2
     budget = (max_length - n_special) if max_length is not None else len_a + len_b
     if budget < 0:
         raise ValueError(f"max_length={max_length} leaves no room for the special tokens")
     keep_a, keep_b = _truncate_lengths(len_a, len_b, budget, truncation)
 
-    ids = [cls_id] + enc_a.ids[:keep_a] + [sep_id]
+    ids = [cls_id, *ids_a[:keep_a], sep_id]
     types = [0] * (keep_a + 2)
-    offsets = [(0, 0)] + list(enc_a.offsets[:keep_a]) + [(0, 0)]
-    seq_ids: list[int | None] = [None] + [0] * keep_a + [None]
-    word_ids: list[int | None] = [None] + list(enc_a.word_ids[:keep_a]) + [None]
-    if enc_b is not None:
-        ids += enc_b.ids[:keep_b] + [sep_id]
+    seq_ids: list[int | None] = [None, *([0] * keep_a), None]
+    if ids_b is not None:
+        ids += [*ids_b[:keep_b], sep_id]
         types += [1] * (keep_b + 1)
-        offsets += list(enc_b.offsets[:keep_b]) + [(0, 0)]
-        seq_ids += [1] * keep_b + [None]
-        word_ids += list(enc_b.word_ids[:keep_b]) + [None]
+        seq_ids += [*([1] * keep_b), None]
+    offsets: list[tuple[int, int]] | None = None
+    word_ids: list[int | None] | None = None
+    if spans:
+        offsets = [(0, 0), *enc_a.offsets[:keep_a], (0, 0)]
+        word_ids = [None, *enc_a.word_ids[:keep_a], None]
+        if enc_b is not None:
+            offsets += [*enc_b.offsets[:keep_b], (0, 0)]
+            word_ids += [*enc_b.word_ids[:keep_b], None]
     dropped = (len_a - keep_a) + (len_b - keep_b)
     return EncodedInput(ids, types, offsets, seq_ids, word_ids, dropped > 0, dropped)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.serving_ceiling import ceiling, markdown, median_round, null_server
+from bench.serving_ceiling import ceiling, engine_rate, markdown, markdown_row, median_round, null_server
 
 
 def test_the_do_nothing_server_answers_posts_with_a_fixed_json() -> None:
@@ -50,3 +50,19 @@ def test_rounds_keep_each_trees_median_window_and_list_every_window() -> None:
     printed = markdown(result)
     assert "| after | 240 | 0.83 |" in printed  # the median window in the main table: 240 / 290 of the ceiling
     assert printed.endswith("| classify | classify-short | 32 | after | 240, 250, 230, 260 | 1.00, 0.90, 1.10, 0.80 |")
+
+
+def test_engine_measured_again_each_round_sets_the_ceiling_by_its_median() -> None:
+    engine = {"best_requests_per_s": 320.0, "best_batch": 8, "batch1_p50_ms": 7.0}
+    null = {"requests_per_s": 8000.0, "p50_ms": 2.5}
+    row = {"model": "classify", "precision": "int8", "input": "classify-short", "tokens": 24, "clients": 32,
+           "engine": engine, "null": null, "engine_rounds": [290.0, 310.0, 280.0, 300.0, 305.0]}
+    assert engine_rate(row) == 300.0  # the median of five windows, not the scan's 320
+    row["ceiling"] = ceiling(engine, null, 32, engine_rate(row))
+    assert row["ceiling"]["requests_per_s"] == pytest.approx(1 / (1 / 300 + 1 / 8000), abs=0.01)  # 289.16
+    row["berth"] = {"after": {"requests_per_s": 260.0, "p50_ms": 120.0, "p99_ms": 200.0}}
+    printed = markdown_row(row, ["after"])
+    # the engine column: the median (the scan's best) (batch) / batch-1 ms; 260 / 289.16 = 0.90 of the ceiling,
+    # 260 / 300 = 0.87 of the engine
+    assert "| 300 (scan 320) (8) / 7.00 | 8000 / 2.50 | 289 | after | 260 | 0.90 | 0.87 |" in printed
+    assert engine_rate({"engine": engine}) == 320.0  # one window per tree: the scan's best, as before

@@ -43,6 +43,20 @@ def as_tuple(item):
     return item.input_ids, item.token_type_ids, [tuple(o) for o in item.offsets], item.truncated
 
 
+def ids_of(reference_tuple):
+    """A reference without its offsets: what an item encoded without spans is compared on."""
+    ids, types, _offsets, truncated = reference_tuple
+    return ids, types, truncated
+
+
+def as_ids(item):
+    return item.input_ids, item.token_type_ids, item.truncated
+
+
+# The tasks that read only token ids encode without character spans (`encode_many(spans=False)`).
+WITHOUT_SPANS = ("classification", "pair", "multiple-choice", "embedding")
+
+
 def test_encode_many_matches_tokenizers_one_text_at_a_time(tokenizer):
     items = encode_many(tokenizer, TEXTS, max_length=MAX_LENGTH)
     assert [as_tuple(item) for item in items] == [reference(tokenizer, text) for text in TEXTS]
@@ -71,7 +85,8 @@ def spec_for(task: str, max_seq_length: int = MAX_LENGTH) -> TaskSpec:
 def same_items(prepared, expected) -> None:
     assert len(prepared) == len(expected)
     for got, want in zip(prepared, expected):
-        assert [as_tuple(i) for i in got.items] == [as_tuple(i) for i in want.items]
+        compare = as_tuple if got.items[0].offsets is not None else as_ids
+        assert [compare(i) for i in got.items] == [compare(i) for i in want.items]
         assert got.truncated == want.truncated
 
 
@@ -89,7 +104,11 @@ def test_prepare_many_gives_each_input_its_own_items(tokenizer, task, inputs):
     same_items(prepared, [task_definition.prepare(tokenizer, spec, raw, options) for raw in inputs])
     texts = [(raw, None) if isinstance(raw, str) else (raw.text, raw.text_pair) for raw in inputs]
     expected = [reference(tokenizer, a, b, None if task == "fill-mask" else spec.max_seq_length) for a, b in texts]
-    assert [as_tuple(p.items[0]) for p in prepared] == expected
+    if task in WITHOUT_SPANS:
+        assert all(p.items[0].offsets is None and p.items[0].word_ids is None for p in prepared)
+        assert [as_ids(p.items[0]) for p in prepared] == [ids_of(e) for e in expected]
+    else:
+        assert [as_tuple(p.items[0]) for p in prepared] == expected
 
 
 def test_multiple_choice_list_keeps_each_inputs_choices(tokenizer):
@@ -102,7 +121,7 @@ def test_multiple_choice_list_keeps_each_inputs_choices(tokenizer):
     prepared = task_definition.prepare_many(tokenizer, spec, inputs, task_definition.options())
     assert [len(p.items) for p in prepared] == [3, 2, 3]
     for p, raw in zip(prepared, inputs):
-        assert [as_tuple(i) for i in p.items] == [reference(tokenizer, raw.context, c) for c in raw.choices]
+        assert [as_ids(i) for i in p.items] == [ids_of(reference(tokenizer, raw.context, c)) for c in raw.choices]
         assert p.truncated == any(reference(tokenizer, raw.context, c)[3] for c in raw.choices)
 
 
@@ -161,3 +180,36 @@ def test_a_multiple_choice_context_is_tokenized_once(tokenizer):
     items = encode_many(Counting(), ["context"] * 3, ["a", "b", "c"], max_length=MAX_LENGTH)
     assert calls == [["context", "a", "b", "c"]]
     assert [as_tuple(i) for i in items] == [reference(tokenizer, "context", c) for c in "abc"]
+
+
+def test_token_vectors_keep_their_spans(tokenizer):
+    task_definition = definition("embedding")
+    options = task_definition.options(output="tokens")
+    prepared = task_definition.prepare_many(tokenizer, spec_for("embedding"), TEXTS, options)
+    assert [as_tuple(p.items[0]) for p in prepared] == [reference(tokenizer, text) for text in TEXTS]
+
+
+@pytest.mark.parametrize("max_length", [128, 24])
+def test_without_spans_real_pairs_match_transformers(tokenizer, base_path, shared_data, max_length):
+    """SST-2 sentences and MRPC sentence pairs (their dev sets), encoded without spans and with them, against
+    transformers' BertTokenizerFast on the checkpoint's vocabulary; at 24 tokens most are cut."""
+    from transformers import BertTokenizerFast
+
+    from tasks.readers import read_mrpc, read_sst2
+
+    hf = BertTokenizerFast.from_pretrained(str(base_path))
+    singles = [e.text for e in read_sst2(shared_data / "sst2" / "dev.tsv")]
+    pairs = read_mrpc(shared_data / "mrpc" / "dev.tsv")
+    firsts, seconds = [e.text for e in pairs], [e.text_pair for e in pairs]
+    for texts, text_pairs in ((singles, None), (firsts, seconds)):
+        fast = encode_many(tokenizer, texts, text_pairs, max_length=max_length, spans=False)
+        full = encode_many(tokenizer, texts, text_pairs, max_length=max_length)
+        expected = hf(texts, text_pairs, truncation="longest_first", max_length=max_length)
+        assert len(fast) == len(texts) > 400
+        assert [item.input_ids for item in fast] == [item.input_ids for item in full]
+        assert [item.token_type_ids for item in fast] == [item.token_type_ids for item in full]
+        assert [(item.truncated, item.dropped) for item in fast] == [(item.truncated, item.dropped) for item in full]
+        same_as_hf = sum(item.input_ids == ids for item, ids in zip(fast, expected["input_ids"]))
+        if text_pairs is None or max_length == 128:  # (both long and an odd budget: see the pair test above)
+            assert same_as_hf == len(texts)
+        assert any(item.truncated for item in fast) == (max_length == 24)
