@@ -67,12 +67,12 @@ def count(repository: Path, route: str, body: dict[str, Any], requests: int, war
             await one(app, route, raw, statuses)
         profile.disable()
         loaded: dict[int, int] = {}
-        total, started = max(requests, 10 * clients), 0
+        total, sent = max(requests, 10 * clients), 0
 
         async def client() -> None:
-            nonlocal started
-            while started < total:
-                started += 1
+            nonlocal sent
+            while sent < total:
+                sent += 1
                 await one(app, route, raw, loaded)
 
         begin = time.thread_time()

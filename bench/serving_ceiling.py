@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import shutil
 import sys
@@ -47,7 +46,7 @@ import numpy as np
 from bench.load_tools import hey, hey_version, machine_cpu, steal_share
 from bench.local_processes import REPO, free_port, running
 from bench.machine import machine_facts
-from bench.records import read_record
+from bench.records import read_record, write_record
 from bench.service_load import SHARED_DATA, side_by_side, workloads
 from tasks.registry import definition
 
@@ -256,10 +255,10 @@ def main(argv: list[str] | None = None) -> int:
                         row["berth_rounds"] = rounds
                     result["rows"].append(row)
                     print(markdown_row(row, list(trees)), flush=True)
-                    _save(result, args.out)
+                    write_record(args.out, result)
     result["steal_share"] = steal_share(start_cpu, machine_cpu())
     result["ended_load_average"] = os.getloadavg()
-    _save(result, args.out)
+    write_record(args.out, result)
     print(markdown(result))
     return 0
 
@@ -267,11 +266,6 @@ def main(argv: list[str] | None = None) -> int:
 def median_round(measured: list[dict[str, Any]]) -> dict[str, Any]:
     """The window with the median requests/s (the lower middle one of an even count)."""
     return sorted(measured, key=lambda level: level["requests_per_s"])[(len(measured) - 1) // 2]
-
-
-def _save(result: dict[str, Any], out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1, default=str) + "\n", encoding="utf-8")
 
 
 HEADER = ("| model | precision | input (tokens) | clients | engine+tokenize: best req/s (batch) / batch-1 ms | "

@@ -33,7 +33,7 @@ from tasks.definition import (
 )
 from tasks.qa import window_spans
 from tasks.runtime.inference import Keep
-from tasks.runtime.tokenizer import CLS, SEP
+from tasks.runtime.tokenizer import CLS, SEP, ids_batch_encoder
 
 SPECIAL_TOKENS_PER_SEQUENCE = 3  # [CLS] query [SEP] document [SEP]
 MRR_CUTOFF = 10
@@ -292,8 +292,7 @@ class RerankTask(TaskDefinition):
     def prepare_many(self, tokenizer: Tokenizer, spec: Any, inputs: Sequence[Any], options: Any) -> list[Prepared]:
         cls_id, sep_id = tokenizer.token_to_id(CLS), tokenizer.token_to_id(SEP)
         distinct = list(dict.fromkeys(text for raw in inputs for text in (raw.query, *raw.documents)))
-        # only the ids are read: the encoding without character offsets (tasks/runtime/tokenizer.py `encode_many`)
-        encode_batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
+        encode_batch = ids_batch_encoder(tokenizer)  # only the ids are read
         encoded = dict(zip(distinct, encode_batch(distinct, add_special_tokens=False))) if distinct else {}
         cut = options.max_tokens_per_doc
         prepared = []

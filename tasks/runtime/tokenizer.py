@@ -256,7 +256,7 @@ def encode_many(
     the items have no `offsets` or `word_ids` (None).
     """
     cls_id, sep_id = tokenizer.token_to_id(CLS), tokenizer.token_to_id(SEP)
-    encode_batch = tokenizer.encode_batch if spans else getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
+    encode_batch = tokenizer.encode_batch if spans else ids_batch_encoder(tokenizer)
     if text_pairs is None:  # single texts: no bookkeeping (one input is the hot path)
         encodings = encode_batch(list(texts), add_special_tokens=False) if texts else []
         return [_assemble(encoding, None, cls_id, sep_id, max_length, truncation, spans) for encoding in encodings]
@@ -266,6 +266,12 @@ def encode_many(
     by_text = dict(zip(distinct, encode_batch(distinct, add_special_tokens=False))) if distinct else {}
     return [_assemble(by_text[text], None if pair is None else by_text[pair], cls_id, sep_id, max_length,
                       truncation, spans) for text, pair in zip(texts, text_pairs)]
+
+
+def ids_batch_encoder(tokenizer: Tokenizer) -> Any:
+    """The tokenizer's `encode_batch` for a caller that reads only the ids: `encode_batch_fast` (no character
+    offsets tracked) where the installed tokenizers has it."""
+    return getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
 
 
 def _assemble(enc_a: Encoding, enc_b: Encoding | None, cls_id: int, sep_id: int, max_length: int | None,

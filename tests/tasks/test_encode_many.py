@@ -209,7 +209,6 @@ def test_without_spans_real_pairs_match_transformers(tokenizer, base_path, share
         assert [item.input_ids for item in fast] == [item.input_ids for item in full]
         assert [item.token_type_ids for item in fast] == [item.token_type_ids for item in full]
         assert [(item.truncated, item.dropped) for item in fast] == [(item.truncated, item.dropped) for item in full]
-        same_as_hf = sum(item.input_ids == ids for item, ids in zip(fast, expected["input_ids"]))
         if text_pairs is None or max_length == 128:  # (both long and an odd budget: see the pair test above)
-            assert same_as_hf == len(texts)
+            assert [item.input_ids for item in fast] == expected["input_ids"]
         assert any(item.truncated for item in fast) == (max_length == 24)
