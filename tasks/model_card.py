@@ -70,9 +70,15 @@ def dataset_name(data_file: str | Path | None) -> str | None:
 
 
 def _is_temporary(folder: Path) -> bool:
+    """Under the temporary folder and not in a git checkout there: a repository cloned under /tmp (a CI runner's)
+    still names its own data sets."""
     import tempfile
 
-    return folder.resolve().is_relative_to(Path(tempfile.gettempdir()).resolve())
+    folder, temporary = folder.resolve(), Path(tempfile.gettempdir()).resolve()
+    if not folder.is_relative_to(temporary):
+        return False
+    return not any((parent / ".git").exists() for parent in (folder, *folder.parents) if parent != temporary
+                   and parent.is_relative_to(temporary))
 
 
 def clean_config(folder: Path, name: str) -> None:
