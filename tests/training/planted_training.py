@@ -5,9 +5,10 @@ values) and remembers a hash of the weights it was shown, so a test can tell whi
 As a script (for the SIGKILL tests) it trains with the best-checkpoint and early-stopping callbacks; with
 --hang-after-step N the data blocks forever once metrics.jsonl reaches step N, so that the test kills the
 process at a known point. At the end it writes result.json: the best record, the early-stopping state, the
-stop step and the hash of the best weights.
+stop step and the hash of the best weights. It trains on one thread unless told otherwise (--threads N, or auto:
+the trainer's default), since the thread count changes the weights' bits.
 
-    python -m tests.training.planted_training OUT [--hang-after-step N]
+    python -m tests.training.planted_training OUT [--hang-after-step N] [--threads N|auto]
 """
 
 from __future__ import annotations
@@ -74,9 +75,9 @@ class HangingData(LabelledTokens):
 
 
 def run(out: Path, hang_after_step: int | None = None, curve: dict[int, float] = CURVE,
-        patience: int | None = PATIENCE, metric: str = "accuracy") -> dict:
-    """Train; the record as result.json holds it (step keys as strings)."""
-    torch.set_num_threads(1)
+        patience: int | None = PATIENCE, metric: str = "accuracy", threads: int | None = 1) -> dict:
+    """Train on `threads` (None: the trainer's default); the record as result.json holds it (step keys as
+    strings)."""
     evaluation = PlantedEvaluation(curve, metric)
     best = BestCheckpoint(out / "best", metric)  # the direction from the metric's name
     callbacks = [StepWatcher(evaluation), best]
@@ -85,7 +86,8 @@ def run(out: Path, hang_after_step: int | None = None, curve: dict[int, float] =
         callbacks.append(stopping)
     model = tiny_classifier()
     result = train(model, HangingData(out / "metrics.jsonl", hang_after_step), collate_labelled,
-                   TrainSettings(output_dir=out, **SETTINGS), evaluate=evaluation, callbacks=callbacks)
+                   TrainSettings(output_dir=out, num_threads=threads, **SETTINGS), evaluate=evaluation,
+                   callbacks=callbacks)
     model.load_state_dict(best.best_weights())
     record = {"best": best.record(), "early_stopping": stopping.state_dict() if stopping else None,
               "steps": result.steps, "stopped_by": result.stopped_by, "best_weights": state_hash(model),
@@ -98,8 +100,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
     parser.add_argument("--hang-after-step", type=int, default=None)
+    parser.add_argument("--threads", default="1", help="a count, or auto (unset: the trainer picks)")
     args = parser.parse_args()
-    run(args.out, args.hang_after_step)
+    run(args.out, args.hang_after_step, threads=None if args.threads == "auto" else int(args.threads))
 
 
 if __name__ == "__main__":

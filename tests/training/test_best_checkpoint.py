@@ -4,6 +4,7 @@ resume of both after a real SIGKILL."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -48,9 +49,9 @@ def test_early_stopping_stops_after_patience_evaluations_without_a_better_one(tm
     assert max(line["step"] for line in lines) == 12  # nothing trained after the stop
 
 
-def _killed_then_resumed(out: Path, hang_after_step: int) -> dict:
+def _killed_then_resumed(out: Path, hang_after_step: int, threads: str = "1", resume_threads: str = "1") -> dict:
     command = [sys.executable, "-m", "tests.training.planted_training", str(out)]
-    process = subprocess.Popen([*command, "--hang-after-step", str(hang_after_step)], cwd=ROOT)
+    process = subprocess.Popen([*command, "--hang-after-step", str(hang_after_step), "--threads", threads], cwd=ROOT)
     try:
         deadline = time.monotonic() + 120
         while not (out / "hanging").exists():
@@ -63,7 +64,7 @@ def _killed_then_resumed(out: Path, hang_after_step: int) -> dict:
         process.kill()
     assert not (out / "result.json").exists()
     (out / "hanging").unlink()
-    subprocess.run(command, cwd=ROOT, check=True, timeout=300)
+    subprocess.run([*command, "--threads", resume_threads], cwd=ROOT, check=True, timeout=300)
     return json.loads((out / "result.json").read_text())
 
 
@@ -80,3 +81,15 @@ def test_sigkill_then_resume_keeps_the_best_and_the_patience(tmp_path, kill_afte
     assert resumed["early_stopping"] == expected["early_stopping"]
     assert resumed["best_weights"] == expected["best_weights"] == expected["seen"]["6"]
     assert [p.name for p in (tmp_path / "killed" / "best").iterdir()] == ["step-00000006"]
+
+
+def test_a_resumed_run_keeps_the_threads_its_training_state_was_computed_with(tmp_path):
+    # The count picked by default follows the machine's load at start, and the count changes the weights' bits.
+    # One more thread than this process may use: a count the default never picks, so a resume that took the
+    # default would end with other weights.
+    threads = len(os.sched_getaffinity(0)) + 1
+    expected = run(tmp_path / "uninterrupted", threads=threads)
+    assert expected["best_weights"] != run(tmp_path / "one-thread", threads=1)["best_weights"]  # the bits do move
+    resumed = _killed_then_resumed(tmp_path / "killed", 6, threads=str(threads), resume_threads="auto")
+    assert resumed["best_weights"] == expected["best_weights"] and resumed["steps"] == 12
+    assert json.loads((tmp_path / "killed" / "train_settings.json").read_text())["threads"] == threads

@@ -18,7 +18,8 @@ micro-batches of it were consumed, plus every random state (training/loop/random
 numpy, torch, CUDA; per rank). Resuming rebuilds the epoch's batches and starts after the consumed
 ones, without loading them. DataLoaders get their own seeded generator so that creating one does not
 draw from the global torch RNG (the one dropout uses), and evaluation / saving run with the global
-random states saved and restored, so neither perturbs training.
+random states saved and restored, so neither perturbs training. A CPU run resumes with the thread count its
+training state was computed with (the sums inside a step split by thread, so another count gives other bits).
 
 Layout of `output_dir`: metrics.jsonl (training/loop/metrics_log.py), train_settings.json,
 checkpoints/step-00000123/trainer_state.pt, and final_model/ when an `on_save` hook is given. The
@@ -214,7 +215,9 @@ class _Run:
         self.nonfinite_steps = 0  # skipped for a nan / inf loss or gradient norm, across resumes
         self.last_save_seconds, self.last_save_elapsed = 0.0, 0.0
         self.resumed_precision: str | None = None  # what a resumed run's training state computed in
+        self.resumed_threads: int | None = None  # and with how many intra-op threads
         self.resumed_from = self._resume()
+        self._keep_resumed_threads()
         self.last_save_elapsed = self.elapsed_before
         self.precision_probe: dict[str, Any] | None = None
         if settings.precision == "auto" and self.resumed_precision is not None:
@@ -269,6 +272,7 @@ class _Run:
         self.elapsed_before = state["elapsed_s"]
         self.nonfinite_steps = state.get("nonfinite_steps", 0)
         self.resumed_precision = state.get("precision")
+        self.resumed_threads = state.get("threads")
         self.callback_states = state.get("callbacks", {})
         if "total_steps" in state and state["total_steps"] != self.plan.total_steps:  # a plan fitted to the budget
             self._set_plan(state["total_steps"], state["warmup_steps"])
@@ -278,6 +282,24 @@ class _Run:
             log.info("resumed from step %d (%s): epoch %d, %d micro-batches into it", self.step, folder, self.epoch,
                      self.micro_done)
         return folder
+
+    def _keep_resumed_threads(self) -> None:
+        """A resumed CPU run computes with the thread count its training state was computed with: the sums inside
+        a step split by thread, so another count gives other weights (measured: 1 and 2 threads train a tiny
+        classifier to different bits), and the count picked by default follows the machine's load at start.
+        An explicit num_threads wins, with a line that says the weights will differ."""
+        saved, now = self.resumed_threads, torch.get_num_threads()
+        if saved is None or self.device.type != "cpu" or saved == now:
+            return
+        if self.settings.num_threads:
+            if self.ctx.is_main:
+                log.warning("resuming a state computed with %d threads on %d (num_threads): the weights will not "
+                            "be bit for bit those of an uninterrupted run", saved, now)
+            return
+        torch.set_num_threads(saved)
+        if self.ctx.is_main:
+            log.info("resuming with the %d threads the training state was computed with (not the %d this machine's "
+                     "load suggests), so that the run ends with the same weights; num_threads overrides", saved, now)
 
     def _epoch_batches(self, epoch: int, rank: int, world_size: int) -> Sequence[list[int]]:
         """This rank's micro-batches of `epoch`: the dataset's own order when it makes one (prepared pretraining
@@ -586,6 +608,7 @@ class _Run:
                 "warmup_steps": self.plan.warmup_steps,
                 "seed": self.settings.seed,
                 "precision": self.precision,
+                "threads": torch.get_num_threads(),
                 "geometry": self._geometry(),
                 "callbacks": {c.name: c.state_dict() for c in self.callbacks},
             }
