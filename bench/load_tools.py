@@ -30,15 +30,18 @@ def steal_share(before: list[int], after: list[int]) -> float:
     return spent[7] / max(sum(spent), 1) if len(spent) > 7 else 0.0
 
 
-def hey(port: int, route: str, body: dict, clients: int, seconds: float, server_pid: int, work: Path
-        ) -> dict[str, Any]:
+def hey(port: int, route: str, body: dict, clients: int, seconds: float, server_pid: int, work: Path,
+        rate_per_client: float | None = None) -> dict[str, Any]:
     """One closed-loop level: `clients` connections for `seconds`; throughput, latency percentiles,
-    status codes, and the CPU share of the generator and of the server (of all the machine's cores)."""
+    status codes, and the CPU share of the generator and of the server (of all the machine's cores).
+    `rate_per_client`: each connection sends at most that many requests a second (hey's -q)."""
     payload = work / "body.json"
     payload.write_text(json.dumps(body), encoding="utf-8")
     # -o csv: one row per response, so percentiles are ours (hey's summary omits p99 below 100 responses).
     command = ["hey", "-z", f"{seconds}s", "-c", str(clients), "-t", "30", "-m", "POST", "-T", "application/json",
                "-D", str(payload), "-o", "csv", f"http://127.0.0.1:{port}{route}"]
+    if rate_per_client is not None:
+        command[1:1] = ["-q", f"{rate_per_client:g}"]
     passes_before = metrics_passes(port)
     before_children = resource.getrusage(resource.RUSAGE_CHILDREN)
     # the server's main thread runs its event loop: HTTP, validation, tokenization, batching, decoding, JSON

@@ -15,6 +15,11 @@ bundle and input (short and long), in one run on the same cores:
     more than one client, the engine's best batch is also measured again before every round, and the ceiling
     takes the median of those N windows: the best of the scan is the highest of ten noisy windows, a ceiling
     biased upwards against a median of berth's.
+(d) with more than one client, **the do-nothing app again, paced at berth's rate** (the fastest tree's median
+    window, spread over the same connections with hey's per-connection rate limit): the event loop CPU that
+    HTTP alone costs a request at berth's rate, so that berth's own share of its event loop (the app, its
+    tokenizing, its extra wake-ups) reads as the difference. At its own full rate the do-nothing server
+    handles many requests per wake-up of the loop; at berth's rate it does not.
 
 Both (a) and (b) fill the cores: at R_engine and R_http requests/s a request costs 1/R_engine and 1/R_http of the
 machine, so the ceiling with both on the same cores is 1 / (1/R_engine + 1/R_http) requests/s; at one client the
@@ -253,6 +258,10 @@ def main(argv: list[str] | None = None) -> int:
                         row["berth"][label] = median_round(measured)
                     if args.rounds > 1:
                         row["berth_rounds"] = rounds
+                    if clients > 1:
+                        fastest = max(level["requests_per_s"] for level in row["berth"].values())
+                        row["null_paced"] = hey(port, route, body, clients, args.seconds, null_proc.pid, work,
+                                                rate_per_client=round(fastest / clients, 2))
                     result["rows"].append(row)
                     print(markdown_row(row, list(trees)), flush=True)
                     write_record(args.out, result)
@@ -308,6 +317,18 @@ def markdown(result: dict[str, Any]) -> str:
                 rates = ", ".join(f"{w['requests_per_s']:.0f}" for w in windows)
                 loop = ", ".join(f"{w['event_loop_cpu_ms_per_request']:.2f}" for w in windows)
                 lines.append(f"| {row['model']} | {row['input']} | {row['clients']} | {label} | {rates} | {loop} |")
+    paced = [row for row in result["rows"] if "null_paced" in row]
+    if paced:
+        lines += ["", "| model | input | clients | do-nothing HTTP paced at berth's rate: req/s | its event loop CPU "
+                  "ms per request | berth | berth's event loop CPU ms per request | berth's own (the difference) |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for row in paced:
+            null = row["null_paced"]
+            for label, served in row["berth"].items():
+                own = served["event_loop_cpu_ms_per_request"] - null["event_loop_cpu_ms_per_request"]
+                lines.append(f"| {row['model']} | {row['input']} | {row['clients']} | {null['requests_per_s']:.0f} | "
+                             f"{null['event_loop_cpu_ms_per_request']:.3f} | {label} | "
+                             f"{served['event_loop_cpu_ms_per_request']:.3f} | {own:.3f} |")
     return "\n".join(lines)
 
 

@@ -66,3 +66,16 @@ def test_engine_measured_again_each_round_sets_the_ceiling_by_its_median() -> No
     # 260 / 300 = 0.87 of the engine
     assert "| 300 (scan 320) (8) / 7.00 | 8000 / 2.50 | 289 | after | 260 | 0.90 | 0.87 |" in printed
     assert engine_rate({"engine": engine}) == 320.0  # one window per tree: the scan's best, as before
+
+
+def test_the_paced_do_nothing_server_leaves_berths_own_event_loop_cost() -> None:
+    row = {"model": "classify", "precision": "int8", "input": "classify-short", "tokens": 24, "clients": 32,
+           "engine": {"best_requests_per_s": 300.0, "best_batch": 16, "batch1_p50_ms": 7.0},
+           "null": {"requests_per_s": 9000.0, "p50_ms": 2.5}, "ceiling": {"requests_per_s": 290.0},
+           "berth": {"after": {"requests_per_s": 224.0, "p50_ms": 140.0, "p99_ms": 230.0,
+                               "event_loop_cpu_ms_per_request": 1.15}},
+           "null_paced": {"requests_per_s": 223.6, "event_loop_cpu_ms_per_request": 0.13}}
+    result = {"machine": {"cpu_model": "x", "logical_cores": 2, "cpu_flags": ["avx2"]}, "started_load_average": [0.5],
+              "rows": [row]}
+    # 1.15 - 0.13 = 1.02 ms of event loop a request is berth's own
+    assert markdown(result).endswith("| classify | classify-short | 32 | 224 | 0.130 | after | 1.150 | 1.020 |")
