@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service import tracing
-from service.compat.errors import HF_PREFIX, TEI_PATHS, error_response_for
+from service.compat.errors import HF_PREFIX, TEI_PATHS, error_response_for, in_route_shape
 from service.compat.hf import hf
 from service.compat.tei import tei
 from service.errors import install_error_handlers
@@ -48,7 +48,8 @@ def create_app(settings: ServiceSettings | None = None, runtime: Runtime | None 
 
     app = BerthApp(title="berth", version=berth_version(), description=DESCRIPTION, lifespan=lifespan)
     app.state.runtime = runtime
-    install_error_handlers(app)
+    app.router.redirect_slashes = False  # "/v1/classify/" is a 404 in the one error shape, not a bodiless 307
+    install_error_handlers(app, reshape=in_route_shape)
     app.include_router(v1)
     app.include_router(v2)
     app.include_router(probes)

@@ -8,6 +8,7 @@ Starlette routing, or an unexpected exception (500, logged with its traceback, n
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
@@ -156,12 +157,16 @@ def _from_http(exc: StarletteHTTPException, request: Request) -> ServiceError:
     return ServiceError(ErrorType.INTERNAL, "internal error", status=exc.status_code)
 
 
-def install_error_handlers(app: FastAPI) -> None:
+def install_error_handlers(app: FastAPI,
+                           reshape: Callable[[str, JSONResponse], JSONResponse] | None = None) -> None:
     """Every exception an endpoint raises answered by `response_for`. An unexpected one (`Exception`) is answered by
     FastAPI's error middleware, which then re-raises it so that the server logs its traceback; the request-id layer
-    (service/request_trace.py) is outside that middleware, so the id is set for the log line and added to the 500."""
+    (service/request_trace.py) is outside that middleware, so the id is set for the log line and added to the 500.
+    `reshape(path, response)`: another server's error shape on that server's paths (routing's own 404 and 405
+    are raised before any route's handler runs)."""
     async def handle(request: Request, exc: Exception) -> JSONResponse:
-        return response_for(exc, request)
+        response = response_for(exc, request)
+        return reshape(request.url.path, response) if reshape else response
 
     for raised in (ServiceError, BatcherError, RequestValidationError, StarletteHTTPException, Exception):
         app.add_exception_handler(raised, handle)

@@ -60,6 +60,16 @@ def _is_json(scope: Scope) -> bool:
     return False
 
 
+def _not_utf8(raw: bytes) -> str | None:
+    """What is wrong with a body that is not UTF-8 (orjson says "surrogates not allowed" of any such bytes)."""
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return (f"the body is not UTF-8 (byte {raw[error.start]:#04x} at offset {error.start}); send JSON encoded "
+                "as UTF-8, uncompressed")
+    return None
+
+
 def _parse(body_model: type[BaseModel], raw: bytes) -> BaseModel:
     """The body from its bytes, validated as FastAPI validates it (the parsed value, errors located under "body").
 
@@ -73,7 +83,7 @@ def _parse(body_model: type[BaseModel], raw: bytes) -> BaseModel:
             value = json.loads(raw)
         except (ValueError, RecursionError):  # RecursionError: nested deeper than the interpreter's stack allows
             raise RequestValidationError([{"type": "json_invalid", "loc": ("body",),
-                                           "msg": f"Invalid JSON: {error}"}]) from None
+                                           "msg": f"Invalid JSON: {_not_utf8(raw) or error}"}]) from None
     try:
         return body_model.model_validate(value)
     except ValidationError as error:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import re
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,6 +31,8 @@ from tasks.embedding import cosine
 from tasks.registry import DEFINITIONS, definition
 from tasks.runtime.inference import Keep
 from tasks.runtime.tokenizer import truncation
+
+WORD_CHARACTER = re.compile(r"\w")  # a letter or digit: a text with one always gives its model a token
 
 Outputs = list[ItemOutputs]  # one dict of output rows per model item
 
@@ -142,6 +145,7 @@ class TaskHandler:
         for index, raw in enumerate(inputs):
             try:
                 self.check_input(model, raw, body, index)
+                self.check_readable(model, raw, index)
             except ServiceError as error:
                 refused, inputs = error, inputs[:index]  # an earlier input's task error still comes first
                 break
@@ -149,6 +153,19 @@ class TaskHandler:
         if refused is not None:
             raise refused
         return prepared
+
+    def check_readable(self, model: ServedModel, raw: Any, index: int) -> None:
+        """A text made only of characters the model's tokenizer drops (NUL and other control characters, format
+        characters such as a zero-width space or a byte-order mark, a lone combining accent) gives the model no
+        token of it, only the special ones: 422, as an empty text is, not an answer about nothing (a label, a
+        vector, "no answer" from a QA model that may not give one). A task whose empty answer is true of such a
+        text (NER: no entities) answers it. Texts with a letter or digit, nearly all, are not tokenized twice."""
+        if self.definition.answers_unread_text:
+            return
+        for field, text in self.texts(raw):
+            if WORD_CHARACTER.search(text) is None and not model.tokenizer.encode(text, add_special_tokens=False).ids:
+                raise ServiceError(ErrorType.VALIDATION, f"{self.where(index, field, raw)}: no text the model reads: "
+                                   "only characters its tokenizer drops (control or format characters, lone accents)")
 
     def prepare_checked(self, model: ServedModel, inputs: list[Any], body: Any) -> list[Prepared]:
         try:
@@ -236,7 +253,8 @@ class OpenAIEmbeddingsHandler(TaskHandler):
 
 class SimilarityHandler(TaskHandler):
     """A "similarity" endpoint (/v1/similarity): the cosine of each input's `source` embedding with each of
-    its `targets`' (1 to the endpoint's `max_texts`)."""
+    its `targets`' (1 to the endpoint's `max_texts`). Each input's source is free of max_items_per_request, so
+    that one source takes the documented `max_texts` targets; its targets count against it."""
 
     def texts(self, raw: Any) -> list[tuple[str, str]]:
         return [("source", raw.source)] + [(f"targets[{i}]", t) for i, t in enumerate(raw.targets)]
@@ -261,6 +279,9 @@ class SimilarityHandler(TaskHandler):
         for (index, _, _), text in zip(fields, texts):
             prepared[index].items.extend(text.items)
         return prepared
+
+    def item_limit(self, prepared: list[Prepared], settings: Any) -> tuple[int, str]:
+        return len(prepared) + settings.max_items_per_request, "one source per input + max_items_per_request"
 
     def response_bytes(self, model: ServedModel, prepared: list[Prepared], body: Any) -> int:
         return sum(32 * len(p.items) for p in prepared) + 256

@@ -31,9 +31,10 @@ class EmbeddingsRequest(BaseModel):
                                    description="must equal the model's size when given (no shortening)")
     user: str | None = Field(None, description="accepted and ignored")
 
-    truncate: bool = Field(False, description="cut an input longer than the model's max_seq_length (the result says "
-                                              "\"truncated\": true and how many tokens were cut); false (OpenAI's "
-                                              "behaviour): such an input is refused with 400 naming it")
+    truncate: bool = Field(
+        False, strict=True, description="cut an input longer than the model's max_seq_length (the result says "
+                                        "\"truncated\": true and how many tokens were cut); false (OpenAI's "
+                                        "behaviour): such an input is refused with 400 naming it")
 
     @field_validator("inputs")
     @classmethod

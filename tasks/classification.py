@@ -92,8 +92,9 @@ def decode_classification(
 class ClassifyOptions(BaseModel):
     top_k: int | None = Field(None, strict=True, ge=1, le=1000,
                               description="return the k best labels, ranked, per input")
-    truncate: bool = Field(True, description="cut inputs longer than the model's max_seq_length (the result says "
-                                             "\"truncated\": true); false: such an input is refused with 413")
+    truncate: bool = Field(
+        True, strict=True, description="cut inputs longer than the model's max_seq_length (the result says "
+                                       "\"truncated\": true); false: such an input is refused with 413")
 
 
 class ClassificationTask(TaskDefinition):

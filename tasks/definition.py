@@ -172,6 +172,9 @@ class TaskDefinition:
     endpoints: ClassVar[tuple[Endpoint, ...]] = ()  # its HTTP routes, its own first; (): not served
     options: ClassVar[type[BaseModel]] = NoOptions  # the request options and their defaults
     answers_can_be_impossible: ClassVar[bool] = False  # a model may answer "no answer" (SQuAD v2.0-trained)
+    # a text its tokenizer reads nothing of (only control or format characters) has a true answer: the task's empty
+    # one (NER: no entities); else the service refuses it as it refuses an empty text
+    answers_unread_text: ClassVar[bool] = False
     pipeline_tasks: ClassVar[tuple[str, ...]] = ()  # what Hugging Face calls what its models do
     input_fields: ClassVar[tuple[str, ...]] = ()  # one input is an object with these fields; () a text
     data_format: ClassVar[str | None] = None  # the data file format `--format auto` means; None: sniffed

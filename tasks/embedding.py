@@ -138,10 +138,11 @@ MAX_TARGETS = 256  # texts compared with one source (similarity)
 
 
 class EmbedOptions(BaseModel):
-    truncate: bool = Field(True, description=TRUNCATE)
-    normalize: bool | None = Field(None, description="L2-normalize sentence vectors; default: as the source model "
-                                                     "does (sentence-transformers' Normalize module; true for the "
-                                                     "default embeddings model)")
+    truncate: bool = Field(True, strict=True, description=TRUNCATE)
+    normalize: bool | None = Field(
+        None, strict=True, description="L2-normalize sentence vectors; default: as the source model does "
+                                       "(sentence-transformers' Normalize module; true for the default embeddings "
+                                       "model)")
     output: Literal["sentence", "tokens"] = Field(
         "sentence", description="sentence: one pooled vector per input; tokens: a vector per token with its "
                                 "character offsets (the feature-based use)")
@@ -151,7 +152,7 @@ class EmbedOptions(BaseModel):
 
 
 class SimilarityOptions(BaseModel):
-    truncate: bool = Field(True, description=TRUNCATE)
+    truncate: bool = Field(True, strict=True, description=TRUNCATE)
 
 
 EMBED = Endpoint(

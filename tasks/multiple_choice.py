@@ -131,8 +131,9 @@ def too_few_choices(raw: Any) -> bool:
 
 
 class ChoiceOptions(BaseModel):
-    truncate: bool = Field(True, description="cut texts (or text pairs, the longer first) longer than the model's "
-                                             "max_seq_length, and say \"truncated\": true; false: refuse them with 413")
+    truncate: bool = Field(
+        True, strict=True, description="cut texts (or text pairs, the longer first) longer than the model's "
+                                       "max_seq_length, and say \"truncated\": true; false: refuse them with 413")
 
 
 class MultipleChoiceTask(TaskDefinition):

@@ -543,6 +543,7 @@ class NERTask(TaskDefinition):
 
     name = "ner"
     head_class = "BertForTokenClassification"
+    answers_unread_text = True  # no entities
     training_adapter = "NERAdapter"
     feature_based_head = "BertFeatureBasedTokenClassification"
     output_names = ("logits",)

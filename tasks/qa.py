@@ -478,8 +478,8 @@ class QAOptions(BaseModel):
     max_answer_length: int = Field(30, strict=True, ge=1, le=512, description="longest answer, in tokens; at most the "
                                                                   "server's max_answer_length_cap (default 64)")
     handle_impossible: bool | None = Field(
-        None, description="allow the empty answer (is_impossible); default: whether the model was trained on "
-                          "SQuAD v2.0")
+        None, strict=True, description="allow the empty answer (is_impossible); default: whether the model was trained "
+                                       "on SQuAD v2.0")
 
 
 def shape_answer(context: str, answer: Answer) -> dict[str, Any]:

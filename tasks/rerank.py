@@ -52,7 +52,7 @@ class RerankOptions(BaseModel):
 
     top_n: int | None = Field(None, strict=True, ge=1,
                               description="return the n most relevant documents per query; default: all")
-    return_documents: bool = Field(False, description="each result also carries its document's text")
+    return_documents: bool = Field(False, strict=True, description="each result also carries its document's text")
     max_tokens_per_doc: int | None = Field(
         None, strict=True, ge=1,
         description="cut every document to this many tokens first (the result says \"truncated\": "

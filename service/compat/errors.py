@@ -54,3 +54,8 @@ def as_tei(response: JSONResponse) -> JSONResponse:
         if name in response.headers:
             tei.headers[name] = response.headers[name]
     return tei
+
+
+def in_route_shape(path: str, response: JSONResponse) -> JSONResponse:
+    """A berth error response for `path`, in TEI's shape on TEI's routes (e.g. routing's 405), else unchanged."""
+    return as_tei(response) if path in TEI_PATHS else response

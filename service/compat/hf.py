@@ -74,9 +74,9 @@ class Options(Strict):
 
 
 class EmbedParameters(Strict):
-    normalize: bool | None = None
+    normalize: bool | None = Field(None, strict=True)
     prompt_name: str | None = None
-    truncate: bool | None = None
+    truncate: bool | None = Field(None, strict=True)
     truncation_direction: Direction | None = None
     dimensions: int | None = Field(None, strict=True, ge=1)
     encoding_format: Literal["float"] | None = None
@@ -101,7 +101,7 @@ class Sentences(Strict):
 
 class SimilarityParameters(Strict):
     prompt_name: str | None = None
-    truncate: bool | None = None
+    truncate: bool | None = Field(None, strict=True)
     truncation_direction: Direction | None = None
 
 
@@ -114,7 +114,7 @@ class SentenceSimilarity(Strict):
 class ClassifyParameters(Strict):
     top_k: int | None = Field(None, strict=True, ge=1, le=1000)
     function_to_apply: ScoreFunction | None = None
-    truncate: bool | None = None
+    truncate: bool | None = Field(None, strict=True)
 
 
 class TextPair(Strict):
@@ -142,9 +142,9 @@ class TokenClassification(Strict):
 
 class QAParameters(Strict):
     top_k: int | None = Field(None, strict=True, ge=1, le=20)
-    handle_impossible_answer: bool | None = None
+    handle_impossible_answer: bool | None = Field(None, strict=True)
     max_answer_len: int | None = Field(None, strict=True, ge=1, le=512)
-    align_to_words: bool | None = None
+    align_to_words: bool | None = Field(None, strict=True)
     doc_stride: int | None = None
     max_question_len: int | None = None
     max_seq_len: int | None = None

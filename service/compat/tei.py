@@ -133,8 +133,8 @@ Input = str | TokenIds | list[str | TokenIds]
 
 class EmbedAllBody(Strict):
     inputs: Input = Field(description="a text, token ids, or a list of either")
-    truncate: bool | None = Field(False, description="cut an input longer than the model takes at its end; false: "
-                                                     "refuse it (413)")
+    truncate: bool | None = Field(
+        False, strict=True, description="cut an input longer than the model takes at its end; false: refuse it (413)")
     truncation_direction: Direction = "right"
     prompt_name: str | None = Field(None, description="not supported: 422 when given")
 
@@ -145,7 +145,7 @@ class EmbedAllBody(Strict):
 
 
 class EmbedBody(EmbedAllBody):
-    normalize: bool = Field(True, description="L2-normalize the pooled vectors")
+    normalize: bool = Field(True, strict=True, description="L2-normalize the pooled vectors")
 
 
 class EmbedIdsHandler(TaskHandler):
@@ -229,8 +229,8 @@ class Prediction(BaseModel):
 class PredictBody(Strict):
     inputs: str | list[str] | list[list[str]] = Field(
         description="a text, a pair [text, text_pair], or a batch of either: [[text], [text, text_pair], ...]")
-    raw_scores: bool = Field(False, description="the logits instead of probabilities")
-    truncate: bool | None = False
+    raw_scores: bool = Field(False, strict=True, description="the logits instead of probabilities")
+    truncate: bool | None = Field(False, strict=True)
     truncation_direction: Direction = "right"
 
 
@@ -285,10 +285,11 @@ class Rank(BaseModel):
 class RerankBody(Strict):
     query: str
     texts: list[str]
-    raw_scores: bool = Field(False, description="the relevance logits instead of their sigmoid")
-    return_text: bool = False
-    truncate: bool | None = Field(False, description="accepted; nothing needs cutting: a long text is read in "
-                                                     "overlapping windows and scored by its best one")
+    raw_scores: bool = Field(False, strict=True, description="the relevance logits instead of their sigmoid")
+    return_text: bool = Field(False, strict=True)
+    truncate: bool | None = Field(
+        False, strict=True, description="accepted; nothing needs cutting: a long text is read in overlapping windows "
+                                        "and scored by its best one")
     truncation_direction: Direction = "right"
 
 
@@ -300,7 +301,7 @@ class TEIRerankHandler(RankingHandler):
         own = handler_for(task, "ranking", "/rerank")
         super().__init__(own.definition, own.endpoint, "/rerank")
         self.request_model = type(own.request_model.__name__, (own.request_model,), {
-            "__module__": __name__, "__annotations__": {"raw_scores": bool}, "raw_scores": False})
+            "__module__": __name__, "__annotations__": {"raw_scores": bool}, "raw_scores": Field(False, strict=True)})
 
     def finish(self, model, prepared, outputs, body: Any) -> list[Any]:
         [p], [out] = prepared, outputs
@@ -340,7 +341,7 @@ class SimpleToken(BaseModel):
 
 class TokenizeBody(Strict):
     inputs: str | list[str]
-    add_special_tokens: bool = True
+    add_special_tokens: bool = Field(True, strict=True)
     prompt_name: str | None = Field(None, description="not supported: 422 when given")
 
 
@@ -424,7 +425,7 @@ async def tei_tokenize(body: TokenizeBody, request: Request) -> Response:
 
 class DecodeBody(Strict):
     ids: TokenIds | list[TokenIds] = Field(description="token ids, or a list of id lists")
-    skip_special_tokens: bool = True
+    skip_special_tokens: bool = Field(True, strict=True)
 
     @field_validator("ids")
     @classmethod

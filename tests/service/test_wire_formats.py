@@ -463,6 +463,10 @@ def test_tei_errors_have_teis_shape_wherever_they_are_raised(tei, tei_server):
     assert_tei_error(tei.post("/embed", content=b"{oops", headers={"content-type": "application/json"}), 400)
     huge = {"inputs": "x" * (4 * 1024 * 1024 + 1)}
     assert_tei_error(tei.post("/embed", json=huge), 413, "max_body_bytes")
+    # routing's own errors, raised before any route's handler: a wrong method, a boolean that is not one
+    assert assert_tei_error(tei.get("/embed"), 405, "GET") == "Validation"
+    assert_tei_error(tei.post("/embed", json={"inputs": "x", "normalize": "false"}), 422, "normalize")
+    assert_tei_error(tei.post("/embed", json={"inputs": ["x", "\u200b"]}), 422, "inputs[1]", "no text")
 
 
 def test_tei_routes_without_a_setting_take_the_one_model_or_say_which_setting(client, server):
