@@ -239,15 +239,19 @@ def export(model_folder: str | os.PathLike[str] | ExportSettings, out: str | os.
     `parity_examples`...), or pass an ExportSettings. Returns the bundle's manifest (`berth.load(out)` serves
     it)."""
     from export.bundle_builder import export_bundle
-    from export.settings import ExportSettings
+    from export.settings import ExportSettings, missing_input, out_refusal
 
     if isinstance(model_folder, ExportSettings):
         settings = model_folder.model_copy(update=fields)
     else:
         settings = ExportSettings(model_folder=Path(model_folder), out=Path(out) if out is not None else None,
                                   **fields)
-    if (settings.out / "bundle.json").exists() and not settings.force:
-        raise FileExistsError(f"{settings.out} already holds a bundle; pass force=True to replace it")
+    refused = out_refusal(settings.out, settings.force, "force=True")
+    if refused:
+        raise FileExistsError(refused)
+    missing = missing_input(settings)
+    if missing:
+        raise FileNotFoundError(missing)
     examples = None
     if settings.examples:
         import json

@@ -52,3 +52,25 @@ class ExportSettings(BaseModel):
         False, description="ship a bundle whose outputs move with their batch neighbours beyond the batch-invariance "
         "gate's bound (1e-3), marked batch_dependent in its manifest and in GET /v1/models; without it such an "
         "export fails")
+
+
+def out_refusal(out: Path, force: bool, force_name: str = "--force") -> str | None:
+    """Why the bundle may not be written to `out`, or None. Only a bundle is ever replaced (with `force`): a file,
+    or a folder holding anything but a bundle, is never moved or removed."""
+    if out.exists() and not out.is_dir():
+        return f"--out {out} is a file; name a folder for the bundle"
+    if (out / "bundle.json").is_file():
+        return None if force else f"{out} already holds a bundle; use {force_name} to replace it"
+    if out.is_dir() and any(out.iterdir()):
+        return (f"--out {out} holds files and is not a bundle; name a new or empty folder (only a bundle is ever "
+                "replaced)")
+    return None
+
+
+def missing_input(settings: ExportSettings) -> str | None:
+    """The first file named by the settings that is not there, said as its flag, or None."""
+    for name in ("dev_data", "calibration_data", "examples"):
+        path = getattr(settings, name)
+        if path is not None and not path.is_file():
+            return f"--{name.replace('_', '-')} {path}: no such file"
+    return None

@@ -10,7 +10,7 @@ import sys
 from berth.config_files import add_config_flag, settings_from_args
 from berth.flags import add_settings_flags
 from export.precision import RECIPES
-from export.settings import ExportSettings
+from export.settings import ExportSettings, missing_input, out_refusal
 
 
 def check_device(settings: ExportSettings) -> None:
@@ -37,8 +37,11 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args, ExportSettings, "export")
     print(f"berth export settings: {settings.model_dump_json()}", file=sys.stderr)
     check_device(settings)
-    if (settings.out / "bundle.json").exists() and not settings.force:
-        raise SystemExit(f"berth export: {settings.out} already holds a bundle; use --force to replace it")
+    refused = out_refusal(settings.out, settings.force) or missing_input(settings)
+    if refused:
+        from training.errors import UserFacingError
+
+        raise UserFacingError(refused)
 
     from export.bundle_builder import EXPORT_FAILURES, export_bundle, quiet_optimizer_logs
     from export.invariance import InvarianceError

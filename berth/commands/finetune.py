@@ -96,6 +96,14 @@ def run_evaluate_command(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     columns = {name: getattr(args, name) for name in ("text_column", "text_pair_column", "label_column", "id_column")
                if getattr(args, name) is not None}
+    if args.out is not None:  # refused before the evaluation, not after it
+        from training.errors import UserFacingError
+
+        if args.out.is_dir():
+            raise UserFacingError(f"--out {args.out} is a folder; name the report's JSON file")
+        blocked = next((p for p in args.out.parents if p.exists() and not p.is_dir()), None)
+        if blocked is not None:
+            raise UserFacingError(f"--out {args.out}: {blocked} is a file, not a folder")
     report, predictions = evaluate_report(args.model, args.data, data_format=args.data_format,
                                           limit=args.max_eval_examples, columns=columns)
     if args.out is not None:

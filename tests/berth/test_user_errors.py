@@ -95,6 +95,50 @@ def test_an_empty_file_a_base_that_is_no_checkpoint_and_too_long_sequences(tmp_p
     assert debugged.returncode == 1 and "Traceback" in debugged.stderr
 
 
+def test_outputs_and_settings_that_cannot_work_are_one_line_and_touch_nothing(tmp_path):
+    train = topics_slice(tmp_path / "train.jsonl")
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("keep me")
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "notes.md").write_text("keep me too")
+
+    def refused(command: str, *args: str) -> str:
+        done = berth(command, *args)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        return last_line(done)
+
+    run = str(tmp_path / "run")  # no model is ever written there: each refusal comes before training
+    assert refused("export", run, "--out", str(folder)) == (
+        f"berth export: --out {folder} holds files and is not a bundle; name a new or empty folder (only a bundle is "
+        "ever replaced)")
+    assert refused("export", run, "--out", str(a_file)) == (
+        f"berth export: --out {a_file} is a file; name a folder for the bundle")
+    assert refused("export", run, "--out", str(tmp_path / "bundle"), "--dev-data", str(tmp_path / "nope.csv")) == (
+        f"berth export: --dev-data {tmp_path / 'nope.csv'}: no such file")
+    assert (folder / "notes.md").read_text() == "keep me too" and a_file.read_text() == "keep me"
+
+    assert refused("finetune", *TINY, "--train", str(train), "--out", str(a_file)) == (
+        f"berth finetune: --out {a_file}: {a_file} is a file; name a folder for the run's outputs")
+    assert refused("finetune", *TINY, "--train", str(train), "--out", run, "--resume", str(folder)).startswith(
+        f"berth finetune: --resume {folder}: not a training state")
+    assert refused("finetune", *TINY, "--train", str(train), "--out", run, "--feature-based").startswith(
+        "berth finetune: --feature-based trains a tagging head")
+    one_label = tmp_path / "one-label.jsonl"
+    one_label.write_text("".join(f'{{"text": "row {i}", "label": "places"}}\n' for i in range(12)))
+    assert refused("finetune", *TINY, "--train", str(one_label), "--out", run) == (
+        f"berth finetune: {one_label}: every example has the label 'places'; a classifier needs examples of at "
+        "least two labels (--labels names them all)")
+    qa = [a if a != "classification" else "qa" for a in TINY]
+    assert refused("finetune", *qa, "--train", str(train), "--out", run, "--max-seq-length", "64").startswith(
+        "berth finetune: --max-seq-length 64 leaves no room for the context after a question of up to "
+        "--max-query-length 64 tokens")
+    assert refused("evaluate", run, str(train)).startswith(f"berth evaluate: {run}: neither a bundle")
+    assert refused("evaluate", run, str(train), "--out", str(a_file / "report.json")) == (
+        f"berth evaluate: --out {a_file / 'report.json'}: {a_file} is a file, not a folder")
+    assert a_file.read_text() == "keep me" and not (Path(run) / "config.json").exists()  # no model was written
+
+
 def test_bad_rows_skipped_are_listed_and_counted(tmp_path):
     train = topics_slice(tmp_path / "train.jsonl", b'{"text": "cut short')
     out = tmp_path / "out"

@@ -357,3 +357,33 @@ def test_a_spent_budget_still_trains_the_minimum_steps(tmp_path, fit):
     result = train(tiny_pretraining_model(), MaskedTokens(), collate, settings)
     assert result.steps == 3  # the budget was spent after the first step
     assert result.stopped_by == ("steps" if fit else "max_minutes")
+
+
+def test_a_resume_under_another_schedule_or_other_data_is_refused(tmp_path):
+    # A state of the old run cannot continue a run that would train differently: it would end neither as the old
+    # run nor as the new one, while the new settings are what the run's records say.
+    from training.errors import UserFacingError
+    from training.finetuning.task_data import Features
+
+    data = LabelledTokens(size=16)
+    items = Features(data[i] for i in range(len(data)))
+    settings = dict(output_dir=tmp_path, progress_bar=False, seed=1, max_steps=4, batch_size=4, save_every_steps=2,
+                    learning_rate=1e-3, num_threads=1)
+    train(tiny_classifier(), items, collate_labelled, TrainSettings(**settings))
+    with pytest.raises(UserFacingError, match=r"learning_rate 0\.001 -> 0\.002.*--resume never"):
+        train(tiny_classifier(), items, collate_labelled, TrainSettings(**{**settings, "learning_rate": 2e-3}))
+    relabelled = Features(items)
+    relabelled[3] = (items[3][0], 1 - items[3][1])  # one label flipped: as many examples, other data
+    with pytest.raises(UserFacingError, match=r"cannot resume .*: data "):
+        train(tiny_classifier(), relabelled, collate_labelled, TrainSettings(**settings))
+    again = train(tiny_classifier(), Features(items), collate_labelled, TrainSettings(**settings))
+    assert again.steps == 4  # the same settings and data: resumed (at its end), nothing refused
+
+
+def test_a_resume_path_that_is_no_training_state_is_one_line(tmp_path):
+    from training.errors import UserFacingError
+
+    with pytest.raises(UserFacingError, match="not a training state"):
+        train(tiny_classifier(), LabelledTokens(size=8), collate_labelled,
+              TrainSettings(output_dir=tmp_path / "out", progress_bar=False, max_steps=2, batch_size=4,
+                            resume=str(tmp_path), num_threads=1))

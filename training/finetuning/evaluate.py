@@ -48,6 +48,9 @@ def evaluate_report(
     from training.finetuning.finetune import FinetuneSettings
 
     folder = Path(model_path)
+    if not (folder / MANIFEST_FILE).is_file() and not (folder / "berth_task.json").is_file():
+        raise UserFacingError(f"{folder}: neither a bundle (bundle.json) nor a finished fine-tuned folder "
+                              "(berth_task.json); a run still training has none yet")
     if (folder / MANIFEST_FILE).is_file():
         spec, run, tokenizer = _bundle_runner(folder)
     else:

@@ -24,6 +24,7 @@ from tasks.registry import definition
 from tasks.runtime.spec import TaskSpec
 from training.bert.model import DEFAULT_FEATURE_LAYERS, BertFeatureBasedTokenClassification
 from training.bert.torch_runner import predict
+from training.errors import UserFacingError
 
 log = logging.getLogger("berth.finetune")
 
@@ -46,7 +47,8 @@ class CachedFeature:
 def head_setup(settings: Any, spec: TaskSpec) -> tuple[TaskSpec, dict[str, Any]]:
     """The spec naming the feature-based head, and the config fields that size it (kept in config.json)."""
     if definition(spec.task).feature_based_head != HEAD_CLASS:
-        raise ValueError(f"--feature-based trains a tagging head ({HEAD_CLASS}); task {spec.task!r} has none")
+        raise UserFacingError(f"--feature-based trains a tagging head ({HEAD_CLASS}); task {spec.task!r} has none "
+                              "(use it with --task ner)")
     spec = spec.model_copy(update={"extra": {**spec.extra, "head_class": HEAD_CLASS}})
     return spec, {"feature_layers": list(DEFAULT_FEATURE_LAYERS), "lstm_hidden_size": settings.lstm_hidden_size,
                   "lstm_layers": settings.lstm_layers}

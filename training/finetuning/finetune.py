@@ -55,6 +55,10 @@ def resolve_base(base: str) -> Path:
 def check_sequence_length(settings: FinetuneSettings, base: Path) -> None:
     """A max_seq_length past the base's position embeddings would fail at the first example that long."""
     positions = json.loads((base / "config.json").read_text(encoding="utf-8")).get("max_position_embeddings", 512)
+    if settings.task == "qa" and settings.effective_max_seq_length() <= settings.max_query_length + 3:
+        raise UserFacingError(f"--max-seq-length {settings.effective_max_seq_length()} leaves no room for the context "
+                              f"after a question of up to --max-query-length {settings.max_query_length} tokens and "
+                              "the 3 special tokens; raise the first or lower the second")
     if settings.effective_max_seq_length() > positions:
         raise UserFacingError(f"--max-seq-length {settings.effective_max_seq_length()} is longer than the "
                               f"{positions} positions of the base {base} (max_position_embeddings in its "
@@ -184,7 +188,7 @@ def set_up(settings: FinetuneSettings, callbacks: Sequence[TrainerCallback] = ()
     log.info("task %s: %d train / %d dev examples, labels %s", spec.task, len(train_examples), len(dev_examples),
              spec.labels)
     model, spec = load_head(settings, base, spec)
-    dataset = adapter.features(train_examples, spec)
+    dataset = task_data.Features(adapter.features(train_examples, spec))
     collate, cache_record = getattr(adapter, "collate", task_data.collate), None
     if settings.feature_based:  # the frozen encoder runs once per sentence, here, not in the training loop
         from training.finetuning import feature_based

@@ -10,6 +10,10 @@ Reading and evaluating import no torch (`berth evaluate` of a bundle runs withou
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import hashlib
+import json
 import logging
 import random
 from collections.abc import Sequence
@@ -43,6 +47,38 @@ class Feature:
 
     def __len__(self) -> int:
         return len(self.input_ids)
+
+
+class Features(list):
+    """The training features, with a digest of every id and target: a resumed run refuses data that changed
+    (a relabelled row, another file of the same length) instead of training on from a state of the old data."""
+
+    @functools.cached_property
+    def fingerprint(self) -> str | None:
+        """None where a feature holds something without a stable plain form (then no resume checks the data)."""
+        digest = hashlib.sha256()
+        try:
+            for feature in self:
+                digest.update(json.dumps(feature, sort_keys=True, default=_plain).encode("utf-8"))
+        except TypeError as error:
+            log.warning("the training data has no fingerprint (%s): a resume will not check it", error)
+            return None
+        return digest.hexdigest()
+
+
+def _plain(value: Any) -> Any:
+    """A feature's parts as JSON values: arrays as lists, objects as their fields (never a repr, which may hold
+    a memory address)."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    slots = getattr(type(value), "__slots__", None)
+    if slots:
+        return {name: getattr(value, name) for name in slots}
+    if hasattr(value, "__dict__"):
+        return vars(value)
+    raise TypeError(f"a {type(value).__name__} in a feature")
 
 
 def collate(features: Sequence[Feature]) -> dict[str, torch.Tensor]:
@@ -163,6 +199,9 @@ class ClassificationAdapter(TaskAdapter):
         unknown = sorted({str(e.label) for e in train} - set(labels))
         if unknown:  # found here, before training, rather than at the first batch that holds one
             raise UserFacingError(f"{s.train_file}: labels {unknown} are not among --labels {labels}")
+        if len(labels) < 2:  # a one-label head learns nothing and cannot be exported (no margin between labels)
+            raise UserFacingError(f"{s.train_file}: every example has the label {labels[0]!r}; a classifier needs "
+                                  "examples of at least two labels (--labels names them all)")
         return TaskSpec(task=s.task, labels=labels, problem_type="single_label_classification",
                         max_seq_length=s.effective_max_seq_length())
 
@@ -192,6 +231,9 @@ class NERAdapter(TaskAdapter):
     def spec(self, train: list[readers.NERExample]) -> TaskSpec:
         s = self.settings
         labels = s.labels or ner.ner_label_list(e.tags for e in train)
+        if len(labels) < 2:
+            raise UserFacingError(f"{s.train_file}: every word is tagged {labels[0]!r}; a tagger needs examples of "
+                                  "at least one entity type")
         return TaskSpec(task=s.task, labels=labels, max_seq_length=s.effective_max_seq_length(),
                         doc_stride=s.effective_doc_stride())
 
@@ -258,7 +300,10 @@ class MultipleChoiceAdapter(TaskAdapter):
     def spec(self, train: list[multiple_choice.ChoiceExample]) -> TaskSpec:
         counts = sorted({len(e.choices) for e in train})
         if len(counts) != 1:
-            raise ValueError(f"training examples have {counts} choices; a training set needs one count")
+            first = next(e for e in train if len(e.choices) != len(train[0].choices))
+            raise UserFacingError(f"{self.settings.train_file}: examples have {counts} choices (example "
+                                  f"{train[0].id!r} {len(train[0].choices)}, {first.id!r} {len(first.choices)}); a "
+                                  "training set needs one count")
         return TaskSpec(task=self.settings.task, max_seq_length=self.settings.effective_max_seq_length(),
                         extra={"num_choices": counts[0]})
 

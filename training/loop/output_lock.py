@@ -85,6 +85,9 @@ def acquire(folder: str | Path, command: str) -> bool:
     """Take the folder's lock for this process. True when this call took it, False when this process already held
     it; raises OutputInUse when a live run holds it."""
     folder = Path(folder)
+    for above in (folder, *folder.parents):  # mkdir's FileExistsError would be a traceback
+        if above.exists() and not above.is_dir():
+            raise UserFacingError(f"--out {folder}: {above} is a file; name a folder for the run's outputs")
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / LOCK_FILE
     host = socket.gethostname()

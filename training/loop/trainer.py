@@ -75,6 +75,7 @@ from training.loop.settings import TrainSettings
 from training.loop.threads import default_threads
 from training.loop.training_state import (
     CHECKPOINTS_DIR,
+    STATE_FILE,
     atomic_directory,
     clean_stale_temporaries,
     latest_training_state,
@@ -254,14 +255,18 @@ class _Run:
             if ctx.is_main:
                 log.info("no saved state in %s, starting at step 0", checkpoints)
             return None
+        if not (folder / STATE_FILE).is_file():
+            raise UserFacingError(f"--resume {folder}: not a training state (no {STATE_FILE} in it); name a "
+                                  f"{CHECKPOINTS_DIR}/step-N folder, or auto or never")
         state = load_training_state(folder)
         # older checkpoints lack the later keys
+        # older checkpoints lack the later keys: those before the schedule's were always so, the schedule's unknown
         saved = {"group_by_length": False, "length_group_batches": None, "data": None, **state["geometry"]}
         here = self._geometry()
-        if saved != here:
-            changed = ", ".join(f"{k} {saved.get(k)!r} -> {here.get(k)!r}" for k in here if saved.get(k) != here.get(k))
+        changed = ", ".join(f"{k} {saved[k]!r} -> {here[k]!r}" for k in here if k in saved and saved[k] != here[k])
+        if changed:
             raise UserFacingError(f"cannot resume {folder} exactly: {changed} since it was written; run again with "
-                                  "resume never (--no-resume) to start over, or another output folder")
+                                  "--resume never to start over, or name another output folder")
         if state["seed"] != s.seed:
             log.warning("resuming %s written with seed %d under seed %d", folder, state["seed"], s.seed)
         _unwrap(self.model).load_state_dict(state["model"])
@@ -657,12 +662,15 @@ class _Run:
                  plan.warmup_steps, self.device, self.precision)
 
     def _geometry(self) -> dict[str, Any]:
-        """What fixes the data order: a checkpoint resumes exactly only under the same geometry."""
+        """What fixes the data order, the data and the optimizer's schedule: a checkpoint resumes exactly only under
+        the same. (The plan's length is checked apart: a plan fitted to a time budget is restored from the state.)"""
         s = self.settings
         return {"world_size": self.ctx.world_size, "batch_size": s.batch_size, "grad_accum_steps": s.grad_accum_steps,
                 "examples": self.plan.examples, "group_by_length": s.group_by_length,
                 "length_group_batches": s.length_group_batches if s.group_by_length else None,
-                "data": getattr(self.dataset, "fingerprint", None)}
+                "data": getattr(self.dataset, "fingerprint", None), "learning_rate": s.learning_rate,
+                "warmup_ratio": s.warmup_ratio, "warmup_steps": s.warmup_steps, "weight_decay": s.weight_decay,
+                "adam_epsilon": s.adam_epsilon, "max_grad_norm": s.max_grad_norm}
 
     def _effective_batch(self) -> int:
         return self.settings.batch_size * self.settings.grad_accum_steps * self.ctx.world_size

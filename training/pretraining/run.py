@@ -69,6 +69,9 @@ class _Model:
 def _model(settings: PretrainSettings, base: Base | None, nsp: bool, vocab_size: int) -> _Model:
     if base is None:
         return _Model(build_model(settings, nsp, vocab_size), nsp, None, [])
+    import torch
+
+    torch.manual_seed(settings.seed)  # the heads the base lacks start from fresh weights: the seed's, as build_model's
     model, new_heads = load_base_model(base, nsp)
     if vocab_size > model.config.vocab_size:
         raise UserFacingError(f"--base {base.folder}: its tokenizer has {vocab_size} tokens, its embeddings "

@@ -78,6 +78,18 @@ def test_a_base_without_an_mlm_head_gets_a_new_one_trained_alone_first(continued
     assert any(not torch.equal(final[n], base[n]) for n in base)  # then the encoder trained
 
 
+def test_the_same_command_ends_with_the_same_weights(corpus, continued, tmp_path):
+    # the heads the base lacks start from the seed's weights, so a run is reproducible as a run from scratch is
+    again = tmp_path / "again"
+    code, printed = _berth("pretrain", *corpus, "--out", str(again), "--base", "default", "--max-steps", "4",
+                           "--head-warmup-steps", "2", *SMALL)
+    assert code == 0, printed
+    first, second = read_state_dict(continued), read_state_dict(again)
+    assert first.keys() == second.keys()
+    for name, tensor in first.items():
+        assert torch.equal(tensor, second[name]), name
+
+
 def test_the_output_loads_in_transformers_and_fine_tunes(continued, tmp_path):
     transformers = pytest.importorskip("transformers")
     model, info = transformers.BertForMaskedLM.from_pretrained(continued, output_loading_info=True)
