@@ -145,6 +145,11 @@ class Plan:
         return Plan(examples, micro, steps_per_epoch, total, min(warmup, total))
 
 
+def _shown(value: Any) -> str:
+    """A setting or digest for a message: a data digest by its first 12 hex digits."""
+    return repr(value[:12] + "...") if isinstance(value, str) and len(value) == 64 else repr(value)
+
+
 def _unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
@@ -259,11 +264,11 @@ class _Run:
             raise UserFacingError(f"--resume {folder}: not a training state (no {STATE_FILE} in it); name a "
                                   f"{CHECKPOINTS_DIR}/step-N folder, or auto or never")
         state = load_training_state(folder)
-        # older checkpoints lack the later keys
         # older checkpoints lack the later keys: those before the schedule's were always so, the schedule's unknown
         saved = {"group_by_length": False, "length_group_batches": None, "data": None, **state["geometry"]}
         here = self._geometry()
-        changed = ", ".join(f"{k} {saved[k]!r} -> {here[k]!r}" for k in here if k in saved and saved[k] != here[k])
+        changed = ", ".join(f"{k} {_shown(saved[k])} -> {_shown(here[k])}" for k in here
+                            if k in saved and saved[k] != here[k])
         if changed:
             raise UserFacingError(f"cannot resume {folder} exactly: {changed} since it was written; run again with "
                                   "--resume never to start over, or name another output folder")
