@@ -200,8 +200,8 @@ class ClassificationAdapter(TaskAdapter):
         if unknown:  # found here, before training, rather than at the first batch that holds one
             raise UserFacingError(f"{s.train_file}: labels {unknown} are not among --labels {labels}")
         if len(labels) < 2:  # a one-label head learns nothing and cannot be exported (no margin between labels)
-            raise UserFacingError(f"{s.train_file}: every example has the label {labels[0]!r}; a classifier needs "
-                                  "examples of at least two labels (--labels names them all)")
+            raise UserFacingError(f"{s.train_file}: every example has the label {', '.join(map(repr, labels))}; a "
+                                  "classifier needs examples of at least two labels (--labels names them all)")
         return TaskSpec(task=s.task, labels=labels, problem_type="single_label_classification",
                         max_seq_length=s.effective_max_seq_length())
 
@@ -232,8 +232,8 @@ class NERAdapter(TaskAdapter):
         s = self.settings
         labels = s.labels or ner.ner_label_list(e.tags for e in train)
         if len(labels) < 2:
-            raise UserFacingError(f"{s.train_file}: every word is tagged {labels[0]!r}; a tagger needs examples of "
-                                  "at least one entity type")
+            raise UserFacingError(f"{s.train_file}: every word is tagged {', '.join(map(repr, labels)) or 'O'}; a "
+                                  "tagger needs examples of at least one entity type")
         return TaskSpec(task=s.task, labels=labels, max_seq_length=s.effective_max_seq_length(),
                         doc_stride=s.effective_doc_stride())
 
