@@ -132,9 +132,11 @@ def test_fill_mask_export_through_the_cli(finetuned, repository, capsys):
     assert bundle.task == "fill-mask" and bundle.labels == []
     assert bundle.outputs[0].shape == ["batch", "sequence", 30522]
     assert bundle.parity["agreement_measure"].startswith("same top-1 token")
-    # an existing bundle is not overwritten without --force
-    with pytest.raises(SystemExit, match="already holds a bundle"):
-        berth_main(["export", str(finetuned["fill-mask"]), "--out", str(out)])
+    # an existing bundle is not overwritten without --force: one line and exit 2, as every user error
+    assert berth_main(["export", str(finetuned["fill-mask"]), "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"berth export: {out} already holds a bundle; use --force to replace it")
+    assert load_bundle(out).task == "fill-mask"  # still there, whole
 
 
 def test_fp16_keeps_fp32_io_and_agrees(finetuned, repository):
