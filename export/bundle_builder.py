@@ -18,7 +18,7 @@ import onnxruntime
 from export import calibration, invariance, onnx_export, optimize, parity
 from export.bundle_writing import load_private_key, sign_bundle, write_manifest
 from export.precision import DEFAULT_RECIPE, RECIPES, to_fp16, to_int8
-from export.settings import ExportSettings
+from export.settings import ExportSettings, out_refusal
 from tasks.bundle_checks import check_examples, load_bundle
 from tasks.model_card import CARD_FILE, bundle_card, checkpoint_reference, portable_paths
 from tasks.registry import definition, head_class
@@ -34,6 +34,7 @@ from tasks.runtime.bundle import (
 from tasks.runtime.onnx_session import CPU, CUDA, create_session, onnx_item_runner, onnx_runner
 from tasks.runtime.progress import Progress, counted
 from tasks.runtime.tokenizer import load_tokenizer
+from training.errors import UserFacingError
 from training.finetuning.evaluate import recorded_columns
 from training.loop.saving import disk_errors, ensure_free_space, replace_directory, tensor_bytes
 
@@ -87,6 +88,9 @@ def export_bundle(settings: ExportSettings, example_inputs: list[Any] | None = N
     from training.bert.torch_runner import torch_runner
 
     checkpoint, out, precision, threads = settings.model_folder, settings.out, settings.precision, settings.threads
+    refused = out_refusal(out, force=True)  # whether a bundle there may be replaced is the caller's (--force)
+    if refused:  # a file or someone's folder: never replaced, whoever calls (a sweep's --export, build-defaults)
+        raise UserFacingError(refused)
     prefer_gpu, opset = settings.device != "cpu", onnx_export.OPSET
     private_key = load_private_key(signing_key) if signing_key is not None else None
     if threads:

@@ -54,15 +54,15 @@ class ExportSettings(BaseModel):
         "export fails")
 
 
-def out_refusal(out: Path, force: bool, force_name: str = "--force") -> str | None:
-    """Why the bundle may not be written to `out`, or None. Only a bundle is ever replaced (with `force`): a file,
-    or a folder holding anything but a bundle, is never moved or removed."""
+def out_refusal(out: Path, force: bool, force_name: str = "--force", flag: str = "--out") -> str | None:
+    """Why the bundle may not be written to `out` (named by `flag`), or None. Only a bundle is ever replaced (with
+    `force`): a file, or a folder holding anything but a bundle, is never moved or removed."""
     if out.exists() and not out.is_dir():
-        return f"--out {out} is a file; name a folder for the bundle"
+        return f"{flag} {out} is a file; name a folder for the bundle"
     if (out / "bundle.json").is_file():
         return None if force else f"{out} already holds a bundle; use {force_name} to replace it"
     if out.is_dir() and any(out.iterdir()):
-        return (f"--out {out} holds files and is not a bundle; name a new or empty folder (only a bundle is ever "
+        return (f"{flag} {out} holds files and is not a bundle; name a new or empty folder (only a bundle is ever "
                 "replaced)")
     return None
 

@@ -98,10 +98,11 @@ def run_evaluate_command(args: argparse.Namespace) -> int:
                if getattr(args, name) is not None}
     if args.out is not None:  # refused before the evaluation, not after it
         from training.errors import UserFacingError
+        from training.loop.saving import file_in_the_way
 
         if args.out.is_dir():
             raise UserFacingError(f"--out {args.out} is a folder; name the report's JSON file")
-        blocked = next((p for p in args.out.parents if p.exists() and not p.is_dir()), None)
+        blocked = file_in_the_way(args.out.parent)
         if blocked is not None:
             raise UserFacingError(f"--out {args.out}: {blocked} is a file, not a folder")
     report, predictions = evaluate_report(args.model, args.data, data_format=args.data_format,

@@ -126,6 +126,12 @@ def build_plan(args: argparse.Namespace):
         path = getattr(settings, name)
         if not Path(path).exists():
             raise UsageError(f"--{name.removesuffix('_file')} {path}: no such file")
+    if args.export is not None:  # the winner's bundle replaces a bundle there, never anything else
+        from export.settings import out_refusal
+
+        refused = out_refusal(args.export, force=True, flag="--export")
+        if refused:
+            raise UsageError(refused)
     try:
         if args.grid is not None:
             grid = parse_grid(args.grid)

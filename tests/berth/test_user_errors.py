@@ -116,6 +116,18 @@ def test_outputs_and_settings_that_cannot_work_are_one_line_and_touch_nothing(tm
         f"berth export: --out {a_file} is a file; name a folder for the bundle")
     assert refused("export", run, "--out", str(tmp_path / "bundle"), "--dev-data", str(tmp_path / "nope.csv")) == (
         f"berth export: --dev-data {tmp_path / 'nope.csv'}: no such file")
+    # a sweep's --export is refused before any trial, and the exporter itself never replaces such a folder, even
+    # when told to replace what is there (force, as the sweep and build-defaults export)
+    assert refused("sweep", *TINY, "--train", str(train), "--dev", str(train), "--out", str(tmp_path / "sweep"),
+                   "--export", str(folder)) == (
+        f"berth sweep: --export {folder} holds files and is not a bundle; name a new or empty folder (only a bundle "
+        "is ever replaced)")
+    from export.bundle_builder import export_bundle
+    from export.settings import ExportSettings
+    from training.errors import UserFacingError
+
+    with pytest.raises(UserFacingError, match=f"--out {folder} holds files and is not a bundle"):
+        export_bundle(ExportSettings(model_folder=Path(run), out=folder, force=True))
     assert (folder / "notes.md").read_text() == "keep me too" and a_file.read_text() == "keep me"
 
     assert refused("finetune", *TINY, "--train", str(train), "--out", str(a_file)) == (

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from training.errors import UserFacingError
+from training.loop.saving import file_in_the_way
 
 LOCK_FILE = ".berth.lock"
 log = logging.getLogger("berth.lock")
@@ -85,9 +86,9 @@ def acquire(folder: str | Path, command: str) -> bool:
     """Take the folder's lock for this process. True when this call took it, False when this process already held
     it; raises OutputInUse when a live run holds it."""
     folder = Path(folder)
-    for above in (folder, *folder.parents):  # mkdir's FileExistsError would be a traceback
-        if above.exists() and not above.is_dir():
-            raise UserFacingError(f"--out {folder}: {above} is a file; name a folder for the run's outputs")
+    blocked = file_in_the_way(folder)  # mkdir's FileExistsError would be a traceback
+    if blocked is not None:
+        raise UserFacingError(f"--out {folder}: {blocked} is a file; name a folder for the run's outputs")
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / LOCK_FILE
     host = socket.gethostname()

@@ -126,6 +126,11 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
+def file_in_the_way(folder: Path) -> Path | None:
+    """The first of `folder` and its parents that exists and is not a folder (mkdir would fail on it), or None."""
+    return next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+
+
 def replace_directory(source: Path, final: Path) -> None:
     """Rename the complete folder `source` to `final`, replacing it: the old one is moved aside first (a rename
     is atomic only onto nothing), so a kill in between leaves the new folder under its temporary name."""
